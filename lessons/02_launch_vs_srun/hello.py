@@ -1,0 +1,63 @@
+"""Hello world from every process of a distributed job, whoever started it.
+
+Prints one line per process:
+
+    [<master_addr>:<port>] hello from <host>:<backend> process <rank>/<world>
+
+The same file runs under every launcher of this lesson (see README.md):
+
+    python -m torch.distributed.launch --nproc_per_node 2 lessons/02_launch_vs_srun/hello.py
+    torchrun --standalone --nproc_per_node 2 lessons/02_launch_vs_srun/hello.py
+    srun --ntasks-per-node 2 python lessons/02_launch_vs_srun/hello.py
+    python lessons/02_launch_vs_srun/hello.py          # alone: process 0/1
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+import torch.distributed as dist
+from common.dist import cleanup, init_distributed
+
+from common.env import LaunchError, resolve_launch_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # torch.distributed.launch (without --use-env) appends `--local-rank=N` to our command
+    # line; torchrun and srun never do. Accept both spellings so the script runs under all of
+    # them, but take the rank from common/, which reads LOCAL_RANK from the environment.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None,
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    try:
+        env = resolve_launch_env()
+    except LaunchError as exc:
+        print(f"hello: {exc}", file=sys.stderr)
+        return 2
+    if args.local_rank is not None and args.local_rank != env.local_rank:
+        print(f"hello: --local-rank={args.local_rank} but LOCAL_RANK={env.local_rank}",
+              file=sys.stderr)
+        return 2
+
+    # init_process_group returns once all `world_size` processes reached the master's store.
+    ctx = init_distributed(env)
+    # Make sure the world is really connected: everybody contributes 1, the sum is the size.
+    count = torch.ones(1, device=ctx.device)
+    dist.all_reduce(count)
+    if int(count.item()) != env.world_size:
+        print(f"hello: all_reduce counted {int(count.item())} processes, "
+              f"expected {env.world_size}", file=sys.stderr)
+        cleanup()
+        return 1
+    print(f"[{env.master_addr}:{env.master_port}] hello from {env.hostname}:{ctx.backend} "
+          f"process {env.rank}/{env.world_size}", flush=True)
+    cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

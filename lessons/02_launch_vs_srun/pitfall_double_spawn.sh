@@ -1,0 +1,31 @@
+#!/bin/bash
+# THE PITFALL (this job is meant to fail): two tasks per node AND a launcher in each task.
+# srun starts 2 copies of node_launch.sh per node, each torchrun spawns 2 workers, so
+# 8 processes fight over a world meant for 4. common/ notices it in every worker and stops
+# the job at once with a "double spawn" error instead of letting it hang.
+#
+#   sbatch lessons/02_launch_vs_srun/pitfall_double_spawn.sh          (from the course root)
+#
+# Fix: --ntasks-per-node=1 with a launcher (job.sh), or a task per GPU without one
+# (srun_native.sh).
+#
+#SBATCH --job-name=pitfall-double-spawn
+#SBATCH --output=%x-%j.out
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gres=gpu:2
+#SBATCH --cpus-per-task=2
+#SBATCH --mem=8G
+#SBATCH --time=00:05:00
+set -euo pipefail
+
+# sbatch runs a copy of this script, so find the course from where it was submitted.
+# shellcheck source=common/job_env.sh
+source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
+lesson=$COURSE_ROOT/lessons/02_launch_vs_srun
+
+echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), ${SLURM_GPUS_ON_NODE:-0} GPU(s) per node"
+
+# --kill-on-bad-exit: as soon as one task fails, srun stops the others (no waiting for a
+# rendezvous that can never complete).
+srun --kill-on-bad-exit=1 bash "$lesson/node_launch.sh" torchrun "$lesson/hello.py"

@@ -1,0 +1,24 @@
+#!/bin/bash
+# Several nodes, no launcher: srun starts every process itself, one task per GPU, and each
+# process learns its rank from SLURM's variables (through common/).
+#
+#   sbatch lessons/02_launch_vs_srun/srun_native.sh          (from the course root)
+#
+#SBATCH --job-name=srun-native
+#SBATCH --output=%x-%j.out
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gres=gpu:2
+#SBATCH --cpus-per-task=2
+#SBATCH --mem=8G
+#SBATCH --time=00:05:00
+set -euo pipefail
+
+# sbatch runs a copy of this script, so find the course from where it was submitted.
+# shellcheck source=common/job_env.sh
+source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
+lesson=$COURSE_ROOT/lessons/02_launch_vs_srun
+
+echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), ${SLURM_GPUS_ON_NODE:-0} GPU(s) per node"
+
+srun python "$lesson/hello.py"

@@ -1,0 +1,25 @@
+#!/bin/bash
+# Several nodes: srun starts node_launch.sh once per node, and each copy starts torchrun,
+# which spawns one worker per GPU of its node. Same as job.sh with torchrun as the launcher.
+#
+#   sbatch lessons/02_launch_vs_srun/torchrun_multinode.sh          (from the course root)
+#
+#SBATCH --job-name=torchrun-multinode
+#SBATCH --output=%x-%j.out
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:2
+#SBATCH --cpus-per-task=4
+#SBATCH --mem=8G
+#SBATCH --time=00:05:00
+set -euo pipefail
+
+# sbatch runs a copy of this script, so find the course from where it was submitted.
+# shellcheck source=common/job_env.sh
+source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
+lesson=$COURSE_ROOT/lessons/02_launch_vs_srun
+
+echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), ${SLURM_GPUS_ON_NODE:-0} GPU(s) per node"
+
+# One task per node: torchrun, not srun, starts the per-GPU processes.
+srun bash "$lesson/node_launch.sh" torchrun "$lesson/hello.py"
