@@ -1,0 +1,70 @@
+# shellcheck shell=bash
+# Lesson 04 settings, sourced by the job scripts (run_script.sh, run_rdzv.sh, run_standalone.sh).
+# Everything here can be overridden from the environment at submit time, e.g.
+#     CONTAINER_NAME=my-torch sbatch lessons/04_torchrun_enroot/run_script.sh
+
+# ---- Job size -------------------------------------------------------------
+# N nodes x M processes per node: WORLD_SIZE = N * M, ranks 0..WORLD_SIZE-1,
+# local ranks 0..M-1 on every node.
+# Read them from the allocation instead of typing them a second time: the
+# #SBATCH lines are the one place the size is written, so the two cannot
+# disagree. One process per GPU; where SLURM reports no GPUs, 2 per node.
+NNODES=${NNODES:-${SLURM_JOB_NUM_NODES:-2}}
+NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-2}}
+WORLD_SIZE=$((NNODES * NPROC_PER_NODE))
+
+# How long torchrun waits for all nodes to join before giving up (seconds).
+# torchrun's own default is 600-900 s: a node that never arrives would hold the
+# whole allocation for a quarter of an hour before anything is printed.
+RDZV_TIMEOUT=${RDZV_TIMEOUT:-60}
+
+# torchrun writes one stdout/stderr file per worker under this directory,
+# one sub-directory per node, so a failure can be traced to its node.
+LOG_ROOT=${LOG_ROOT:-${COURSE_ROOT:-.}/runs/lesson04-logs}
+
+# ---- Container (enroot) ---------------------------------------------------
+# Where the image comes from, and the squashfs file `enroot import` turns it
+# into. The file lives on a shared filesystem so it is imported only once.
+CONTAINER_URI=${CONTAINER_URI:-docker://nvcr.io#nvidia/pytorch:25.01-py3}
+CONTAINER_IMAGE=${CONTAINER_IMAGE:-$HOME/enroot-images/nvidia+pytorch+25.01-py3.sqsh}
+# `enroot create --name` unpacks the image into $ENROOT_DATA_PATH/<name>; later
+# jobs find it there and skip the (slow) unpacking.
+CONTAINER_NAME=${CONTAINER_NAME:-course-torch}
+# The course directory is mounted at the same path inside the container, so
+# every path in these scripts means the same thing on both sides.
+CONTAINER_MOUNT=${CONTAINER_MOUNT:-$COURSE_ROOT:$COURSE_ROOT}
+
+# enroot_data_path: the directory enroot unpacks containers into, found the way
+# enroot itself finds it: the ENROOT_DATA_PATH environment variable wins, then
+# the ENROOT_DATA_PATH line of enroot.conf (expanded with `eval echo`, exactly
+# as enroot expands it, so `$(id -u)` and `# comments` behave the same), then
+# enroot's default ${XDG_DATA_HOME:-~/.local/share}/enroot.
+# Sites often point it at node-local disk (e.g. /enroot/$UID/data), so never
+# hard-code it: ask the configuration.
+ENROOT_CONF_FILE=${ENROOT_CONF_FILE:-/etc/enroot/enroot.conf}
+enroot_data_path() {
+    if [[ -n ${ENROOT_DATA_PATH:-} ]]; then
+        echo "$ENROOT_DATA_PATH"
+        return
+    fi
+    local key value line=""
+    if [[ -r $ENROOT_CONF_FILE ]]; then
+        line=$(grep -E '^[[:space:]]*ENROOT_DATA_PATH[[:space:]=]' "$ENROOT_CONF_FILE" | tail -n 1 || true)
+    fi
+    if [[ -n $line ]]; then
+        IFS=$' \t=' read -r key value <<<"$line"
+        : "$key"
+        eval echo "$value"
+    else
+        echo "${XDG_DATA_HOME:-$HOME/.local/share}/enroot"
+    fi
+}
+CONTAINER_DATA_PATH=$(enroot_data_path)
+CONTAINER_CACHE_DIR=$CONTAINER_DATA_PATH/$CONTAINER_NAME
+
+# Set ENROOT_DRY_RUN=1 to print the enroot commands instead of running them.
+ENROOT_DRY_RUN=${ENROOT_DRY_RUN:-0}
+
+export NNODES NPROC_PER_NODE WORLD_SIZE RDZV_TIMEOUT LOG_ROOT
+export CONTAINER_URI CONTAINER_IMAGE CONTAINER_NAME CONTAINER_MOUNT
+export CONTAINER_DATA_PATH CONTAINER_CACHE_DIR ENROOT_DRY_RUN

@@ -1,0 +1,20 @@
+#!/bin/bash
+#SBATCH --job-name=l04-rdzv
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=1
+#SBATCH --gres=gpu:2
+#SBATCH --cpus-per-task=8
+#SBATCH --mem=16G
+#SBATCH --time=00:10:00
+# Lesson 04, elastic form: the same job as run_script.sh, but torchrun's nodes
+# meet at a c10d rendezvous (--rdzv-backend c10d --rdzv-endpoint --rdzv-id)
+# instead of being given --node-rank and --master-addr.
+#     sbatch lessons/04_torchrun_enroot/run_rdzv.sh
+set -euo pipefail
+
+# sbatch runs a copy of this script, so find the course from where it was submitted.
+# shellcheck source=common/job_env.sh
+source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
+
+# Everything else is run_script.sh; only the torchrun form differs.
+TORCHRUN_FORM=rdzv exec bash "$COURSE_ROOT/lessons/04_torchrun_enroot/run_script.sh"
