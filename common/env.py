@@ -1,0 +1,575 @@
+"""Who am I in this job?  One place that answers it for every lesson.
+
+A process in a distributed PyTorch job needs to know its global rank, its rank on the node,
+how many processes there are, and where rank 0 listens (master address and port).  Who tells
+it depends on who started it.  We look, in this order:
+
+1. torchrun / ``python -m torch.distributed.launch``: their agent sets ``RANK``, ``LOCAL_RANK``,
+   ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node), ``MASTER_ADDR``/``PORT`` and
+   ``TORCHELASTIC_RUN_ID``.  ``RANK``/``WORLD_SIZE`` set by hand count here too (launcher "env").
+2. srun: every SLURM task gets ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the
+   description of its job step (``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST``,
+   ``SLURM_STEP_TASKS_PER_NODE``).
+3. ``torch.multiprocessing.spawn``: the child only knows its index; the caller passes it here
+   together with the number of processes spawned per node.
+4. Nothing: a single plain process, rank 0 of 1.
+
+Each lookup below is a small function that says which variable it reads.  Anything that would
+make the job hang later (a missing or malformed variable, sources that disagree, a master
+address that does not resolve, a busy port, ...) raises :class:`LaunchError` at once, with a
+message that names the variable or flag and how to fix it.
+
+Run ``python -m common.env`` (e.g. ``srun python -m common.env``) to see what every task sees;
+``python -m common.env --export`` prints ``export NAME=value`` lines for shell scripts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Mapping, Sequence
+
+import hostlist
+
+LAUNCHERS = ("torchrun", "torch.distributed.launch", "env", "slurm", "mp.spawn", "single")
+
+# torch's own default rendezvous port, used when nothing else chooses one.
+DEFAULT_MASTER_PORT = 29500
+
+# Ports derived from a SLURM job id fall in [MASTER_PORT_BASE, MASTER_PORT_BASE + MASTER_PORT_SPAN):
+# unprivileged (>= 1024) and below Linux's ephemeral range (32768-60999 by default, see
+# /proc/sys/net/ipv4/ip_local_port_range), so the kernel never hands them out to outgoing
+# connections.
+MASTER_PORT_BASE = 15000
+MASTER_PORT_SPAN = 15000
+
+
+class LaunchError(RuntimeError):
+    """The launch environment is inconsistent; the message names the variable and the fix."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchEnv:
+    rank: int  # global rank, 0 .. world_size-1
+    local_rank: int  # rank among the processes on this node (selects the GPU)
+    world_size: int  # number of processes in the job
+    local_world_size: int  # number of processes on this node
+    node_rank: int  # index of this node, 0 .. num_nodes-1
+    num_nodes: int
+    master_addr: str  # where rank 0 (or the torchrun agent) hosts the rendezvous store
+    master_port: int
+    launcher: str  # one of LAUNCHERS
+    hostname: str
+    job_id: str | None  # SLURM_JOB_ID, or None outside SLURM
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------- small readers
+
+
+def _int_var(environ: Mapping[str, str], name: str, *, hint: str = "") -> int:
+    """Read a required integer variable; a missing or malformed one is a LaunchError."""
+    if name not in environ:
+        raise LaunchError(f"{name} is not set. {hint}".strip())
+    return _parse_int(environ[name], name, hint=hint)
+
+
+def _opt_int_var(environ: Mapping[str, str], name: str, *, hint: str = "") -> int | None:
+    if name not in environ:
+        return None
+    return _parse_int(environ[name], name, hint=hint)
+
+
+def _parse_int(text: str, name: str, *, hint: str = "") -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise LaunchError(f"{name}={text!r} is not an integer. {hint}".strip()) from None
+
+
+def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
+    """Expand a SLURM host list such as ``gpu[01-03,07],cpu5`` (zero padding is kept).
+
+    ``variable`` names where the text came from, for the error message.
+    """
+    try:
+        hosts = hostlist.expand_hostlist(text)
+    except hostlist.BadHostlist as exc:
+        raise LaunchError(
+            f"{variable}={text!r} is not a valid host list ({exc}); expected e.g. 'node[1-2],gpu05'"
+        ) from None
+    if not hosts:
+        raise LaunchError(f"{variable} is empty; expected a host list such as 'node[1-2]'")
+    return hosts
+
+
+def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
+    """Expand SLURM's compressed task counts: ``2(x3),1`` means 2,2,2,1."""
+    try:
+        return hostlist.parse_slurm_tasks_per_node(text)
+    except hostlist.BadHostlist:
+        raise LaunchError(
+            f"{variable}={text!r} is not a SLURM task count list; expected e.g. '2(x3),1'"
+        ) from None
+
+
+def master_port_for_job(job_id: int | str, array_task_id: int | str | None = None) -> int:
+    """A rendezvous port that every task of one SLURM job computes alike.
+
+    ``port = MASTER_PORT_BASE + (job_id + array_task_id) % MASTER_PORT_SPAN``, i.e. a port in
+    15000-29999: unprivileged and below the Linux ephemeral range (32768-60999), so outgoing
+    connections never occupy it.  Two jobs running at the same time get different ports unless
+    their ids differ by a multiple of 15000.  The array task id is added so that the tasks of one
+    job array, should they share a job id, still differ.
+    """
+    key = _parse_int(str(job_id), "SLURM_JOB_ID")
+    if array_task_id is not None:
+        key += _parse_int(str(array_task_id), "SLURM_ARRAY_TASK_ID")
+    return MASTER_PORT_BASE + key % MASTER_PORT_SPAN
+
+
+def find_free_port() -> int:
+    """A port that is free right now (for a parent that is about to mp.spawn its children)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- which launcher
+
+
+def _ancestor_cmdlines(depth: int = 3) -> list[str]:
+    """Command lines of the parent, grandparent, ... read from /proc (empty where unreadable)."""
+    lines = []
+    pid = os.getppid()
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                lines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+    return lines
+
+
+def _torch_launcher(
+    environ: Mapping[str, str], argv: Sequence[str], ancestors: Sequence[str]
+) -> str:
+    """torchrun and torch.distributed.launch set the same variables; tell them apart.
+
+    Both start workers from an agent process.  ``torch.distributed.launch`` is run as
+    ``python -m torch.distributed.launch`` (visible in the agent's command line) and, unless
+    given ``--use-env``, passes ``--local-rank=N`` to the script.  Without an agent
+    (no ``TORCHELASTIC_RUN_ID``) someone set ``RANK``/``WORLD_SIZE`` by hand: "env".
+    """
+    if any(a.startswith(("--local-rank", "--local_rank")) for a in argv[1:]):
+        return "torch.distributed.launch"
+    if "TORCHELASTIC_RUN_ID" not in environ:
+        return "env"
+    for cmdline in ancestors:
+        if "torch.distributed.launch" in cmdline:
+            return "torch.distributed.launch"
+        if "torchrun" in cmdline or "torch.distributed.run" in cmdline:
+            return "torchrun"
+    return "torchrun"
+
+
+# --------------------------------------------------------------------------- SLURM step
+
+
+@dataclasses.dataclass(frozen=True)
+class _SlurmStep:
+    """What srun says about the job step this process belongs to."""
+
+    procid: int  # SLURM_PROCID
+    localid: int  # SLURM_LOCALID
+    nodeid: int  # SLURM_NODEID
+    ntasks: int  # SLURM_STEP_NUM_TASKS, else SLURM_NTASKS
+    hosts: list[str]  # SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST
+    tasks_per_node: list[int]  # SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
+
+    @property
+    def tasks_on_this_node(self) -> int:
+        return self.tasks_per_node[self.nodeid]
+
+
+def _in_srun_step(environ: Mapping[str, str]) -> bool:
+    """True inside a task started by srun.
+
+    The batch script itself (sbatch without srun) also has SLURM_PROCID=0 and job-wide counts
+    such as SLURM_NTASKS, but it is one process; only srun sets the SLURM_STEP_* variables.
+    """
+    return "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ
+
+
+def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
+    fix = "Start the job step with srun inside an sbatch/salloc allocation."
+    procid = _int_var(environ, "SLURM_PROCID", hint=fix)
+    localid = _int_var(environ, "SLURM_LOCALID", hint=fix)
+    nodeid = _int_var(environ, "SLURM_NODEID", hint=fix)
+
+    ntasks_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
+    ntasks = _int_var(environ, ntasks_var, hint=fix)
+
+    nodes_var = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in environ else "SLURM_JOB_NODELIST"
+    if nodes_var not in environ:
+        raise LaunchError(f"SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are not set. {fix}")
+    hosts = expand_hostlist(environ[nodes_var], nodes_var)
+
+    tpn_var = (
+        "SLURM_STEP_TASKS_PER_NODE"
+        if "SLURM_STEP_TASKS_PER_NODE" in environ
+        else "SLURM_TASKS_PER_NODE"
+    )
+    if tpn_var in environ:
+        tasks_per_node = parse_tasks_per_node(environ[tpn_var], tpn_var)
+    elif len(hosts) == 1:
+        tasks_per_node = [ntasks]
+    else:
+        raise LaunchError(f"SLURM_STEP_TASKS_PER_NODE is not set. {fix}")
+
+    if len(tasks_per_node) != len(hosts):
+        raise LaunchError(
+            f"{tpn_var}={environ[tpn_var]!r} lists {len(tasks_per_node)} nodes but "
+            f"{nodes_var} has {len(hosts)}; the SLURM variables come from different steps."
+        )
+    if sum(tasks_per_node) != ntasks:
+        raise LaunchError(
+            f"{ntasks_var}={ntasks} but {tpn_var}={environ[tpn_var]!r} adds up to "
+            f"{sum(tasks_per_node)}; the SLURM variables come from different steps."
+        )
+    if not 0 <= nodeid < len(hosts):
+        raise LaunchError(f"SLURM_NODEID={nodeid} but {nodes_var} has only {len(hosts)} nodes.")
+    if not 0 <= procid < ntasks:
+        raise LaunchError(f"SLURM_PROCID={procid} is not below {ntasks_var}={ntasks}.")
+    if not 0 <= localid < tasks_per_node[nodeid]:
+        raise LaunchError(
+            f"SLURM_LOCALID={localid} is not below the {tasks_per_node[nodeid]} tasks that "
+            f"{tpn_var} gives node {nodeid}."
+        )
+    return _SlurmStep(procid, localid, nodeid, ntasks, hosts, tasks_per_node)
+
+
+# --------------------------------------------------------------------------- the resolvers
+
+
+def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> LaunchError:
+    return LaunchError(
+        f"double spawn: srun started {step.tasks_on_this_node} tasks on this node "
+        f"(SLURM_STEP_TASKS_PER_NODE) and {inner} starts {inner_count} processes inside each of "
+        f"them. Use one of the two: either srun --ntasks-per-node=1 with the launcher starting "
+        f"the per-node processes, or srun --ntasks-per-node=N running the script directly."
+    )
+
+
+def _from_torch_launcher(environ, argv, ancestors, step):
+    launcher = _torch_launcher(environ, argv, ancestors)
+    fix = "torchrun sets it for every worker; if you set RANK by hand, set WORLD_SIZE too."
+    rank = _int_var(environ, "RANK", hint=fix)
+    world_size = _int_var(environ, "WORLD_SIZE", hint=fix)
+    local_rank = _opt_int_var(environ, "LOCAL_RANK")
+    local_world_size = _opt_int_var(environ, "LOCAL_WORLD_SIZE")
+    node_rank = _opt_int_var(environ, "GROUP_RANK")
+    num_nodes = _opt_int_var(environ, "GROUP_WORLD_SIZE")
+
+    if launcher == "env" and step is not None:
+        # RANK/WORLD_SIZE set by hand in each srun task: both describe the same processes.
+        if world_size != step.ntasks:
+            raise LaunchError(
+                f"WORLD_SIZE={world_size} but srun started SLURM_STEP_NUM_TASKS={step.ntasks} "
+                f"tasks; unset WORLD_SIZE (common.env reads SLURM's variables) or make them agree."
+            )
+        local_rank = step.localid if local_rank is None else local_rank
+        local_world_size = step.tasks_on_this_node if local_world_size is None else local_world_size
+        node_rank = step.nodeid if node_rank is None else node_rank
+        num_nodes = len(step.hosts) if num_nodes is None else num_nodes
+    elif launcher != "env" and step is not None:
+        # torchrun under srun: srun starts one agent per task, each agent its workers.
+        # WORLD_SIZE (workers) legitimately differs from SLURM_STEP_NUM_TASKS (agents).
+        if step.tasks_on_this_node > 1 and (local_world_size or 1) > 1:
+            raise _double_spawn_error(step, f"{launcher} (LOCAL_WORLD_SIZE)", local_world_size)
+        if num_nodes is not None and num_nodes != step.ntasks:
+            raise LaunchError(
+                f"{launcher} runs with GROUP_WORLD_SIZE={num_nodes} nodes (--nnodes) but srun "
+                f"started SLURM_STEP_NUM_TASKS={step.ntasks} agents; pass --nnodes="
+                f"{step.ntasks} (one agent per srun task)."
+            )
+
+    if local_rank is None:  # one node, as with two processes started by hand
+        local_rank, local_world_size = rank, world_size
+    if local_world_size is None:
+        raise LaunchError("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not; set both or neither.")
+    if node_rank is None:
+        node_rank = rank // local_world_size if local_world_size else 0
+    if num_nodes is None:
+        num_nodes = -(-world_size // local_world_size) if local_world_size else 1
+    return launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes
+
+
+def resolve_launch_env(
+    environ: Mapping[str, str] | None = None,
+    *,
+    spawn_index: int | None = None,
+    spawn_nprocs: int | None = None,
+    argv: Sequence[str] | None = None,
+    check: bool = True,
+) -> LaunchEnv:
+    """Work out this process's place in the job.
+
+    ``environ`` defaults to ``os.environ``.  Inside a ``torch.multiprocessing.spawn`` child pass
+    ``spawn_index`` (the index mp.spawn gives the function) and ``spawn_nprocs`` (how many
+    processes were spawned on this node).  ``argv`` defaults to ``sys.argv`` (used to recognise
+    ``torch.distributed.launch``'s ``--local-rank``).  ``check=False`` skips the checks against
+    this machine (name resolution of the master address, whether the port is free).
+    """
+    environ = os.environ if environ is None else environ
+    argv = sys.argv if argv is None else argv
+    step = _slurm_step(environ) if _in_srun_step(environ) else None
+    job_id = environ.get("SLURM_JOB_ID")
+
+    if spawn_index is not None and spawn_nprocs is None:
+        raise LaunchError("spawn_index given without spawn_nprocs (the nprocs passed to mp.spawn).")
+
+    if any(v in environ for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")):
+        if spawn_nprocs is not None and spawn_nprocs > 1:
+            raise LaunchError(
+                f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by hand) and "
+                f"mp.spawn starts {spawn_nprocs} more processes; use torchrun --nproc-per-node "
+                f"or mp.spawn, not both."
+            )
+        launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes = (
+            _from_torch_launcher(environ, argv, _ancestor_cmdlines(), step)
+        )
+    elif step is not None and spawn_nprocs is None:
+        launcher = "slurm"
+        rank, local_rank, world_size = step.procid, step.localid, step.ntasks
+        local_world_size, node_rank, num_nodes = (
+            step.tasks_on_this_node,
+            step.nodeid,
+            len(step.hosts),
+        )
+    elif spawn_nprocs is not None:
+        launcher = "mp.spawn"
+        if spawn_nprocs < 1 or not 0 <= spawn_index < spawn_nprocs:
+            raise LaunchError(
+                f"spawn_index={spawn_index} must lie in 0..spawn_nprocs-1 (spawn_nprocs="
+                f"{spawn_nprocs}); pass the index mp.spawn gives and the nprocs it was called with."
+            )
+        if step is not None:
+            # mp.spawn inside each srun task (normally one task per node): the spawned processes
+            # are numbered per task, so rank = SLURM_PROCID * nprocs + index.
+            if step.tasks_on_this_node > 1 and spawn_nprocs > 1:
+                raise _double_spawn_error(step, "mp.spawn (nprocs)", spawn_nprocs)
+            task, tasks, node_rank, num_nodes = (
+                step.procid,
+                step.ntasks,
+                step.nodeid,
+                len(step.hosts),
+            )
+            local_rank = step.localid * spawn_nprocs + spawn_index
+            local_world_size = step.tasks_on_this_node * spawn_nprocs
+        else:
+            task, tasks, node_rank, num_nodes = 0, 1, 0, 1
+            local_rank, local_world_size = spawn_index, spawn_nprocs
+        rank, world_size = task * spawn_nprocs + spawn_index, tasks * spawn_nprocs
+    else:
+        launcher = "single"
+        rank, local_rank, world_size, local_world_size, node_rank, num_nodes = 0, 0, 1, 1, 0, 1
+
+    _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
+    master_addr = _master_addr(environ, step, num_nodes)
+    master_port = _master_port(environ, job_id, world_size)
+    env = LaunchEnv(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world_size,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        master_addr=master_addr,
+        master_port=master_port,
+        launcher=launcher,
+        hostname=socket.gethostname(),
+        job_id=job_id,
+    )
+    if check:
+        check_master_addr(env)
+        if _must_bind_store(env, environ):
+            check_port_free(env.master_port)
+    return env
+
+
+def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes):
+    if world_size < 1:
+        raise LaunchError(f"WORLD_SIZE={world_size}: a job needs at least one process.")
+    if not 0 <= rank < world_size:
+        raise LaunchError(
+            f"RANK={rank} is not below WORLD_SIZE={world_size}; ranks run from 0 to WORLD_SIZE-1."
+        )
+    if local_world_size < 1 or not 0 <= local_rank < local_world_size:
+        raise LaunchError(
+            f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world_size}."
+        )
+    if local_world_size > world_size:
+        raise LaunchError(
+            f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}."
+        )
+    if not 0 <= node_rank < num_nodes:
+        raise LaunchError(
+            f"node rank {node_rank} (GROUP_RANK/SLURM_NODEID) is not below {num_nodes}."
+        )
+
+
+def _master_addr(environ, step, num_nodes) -> str:
+    """MASTER_ADDR if set, else the first host of the SLURM step, else this machine."""
+    if environ.get("MASTER_ADDR"):
+        return environ["MASTER_ADDR"]
+    if step is not None:
+        return step.hosts[0]
+    if num_nodes == 1:
+        return "127.0.0.1"
+    raise LaunchError(
+        f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export MASTER_ADDR=<host "
+        f"of rank 0> (or start the job with srun, which names the hosts)."
+    )
+
+
+def _master_port(environ, job_id, world_size) -> int:
+    """MASTER_PORT if set, else derived from SLURM_JOB_ID, else a free one / torch's default."""
+    if environ.get("MASTER_PORT"):
+        port = _parse_int(environ["MASTER_PORT"], "MASTER_PORT", hint="Use a port 1024-65535.")
+        if not 1 <= port <= 65535:
+            raise LaunchError(f"MASTER_PORT={port} is outside 1-65535; use e.g. 29500.")
+        return port
+    if job_id:
+        return master_port_for_job(job_id, environ.get("SLURM_ARRAY_TASK_ID"))
+    if world_size == 1:
+        return find_free_port()  # nobody else has to agree on it
+    return DEFAULT_MASTER_PORT
+
+
+def _must_bind_store(env: LaunchEnv, environ: Mapping[str, str]) -> bool:
+    """Does this process open the rendezvous port itself?
+
+    Rank 0 hosts the store, except under torchrun / torch.distributed.launch, whose agent already
+    holds the port (TORCHELASTIC_USE_AGENT_STORE), and except when this process already did.
+    """
+    if env.rank != 0 or environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return False
+    dist = sys.modules.get("torch.distributed")
+    return not (dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def check_master_addr(env: LaunchEnv) -> None:
+    """The master address must resolve, or every rank would wait for a host that is not there."""
+    try:
+        socket.getaddrinfo(env.master_addr, env.master_port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise LaunchError(
+            f"MASTER_ADDR={env.master_addr!r} does not resolve ({exc}); set MASTER_ADDR to a "
+            f"host name or IP address of the node running rank 0."
+        ) from None
+
+
+def check_port_free(port: int) -> None:
+    """Rank 0 is about to listen on ``port``; say so now if something else already does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise LaunchError(
+                    f"MASTER_PORT={port} is already in use on this host ({exc.strerror}); "
+                    f"export MASTER_PORT=<another port>, e.g. a free one in 20000-30000."
+                ) from None
+            raise
+
+
+def check_local_gpus(env: LaunchEnv, visible_gpus: int) -> None:
+    """Each local rank drives cuda:<local_rank>; there must be that many visible GPUs."""
+    if visible_gpus and env.local_world_size > visible_gpus:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise LaunchError(
+            f"{env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only "
+            f"{visible_gpus} visible GPUs (CUDA_VISIBLE_DEVICES={visible!r}); "
+            f"start one process per GPU (--nproc-per-node / --ntasks-per-node) or request more "
+            f"GPUs (--gpus-per-node)."
+        )
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:
+    """How many processes a per-node launcher (torchrun) should start here.
+
+    The GPUs SLURM gave this node (SLURM_GPUS_ON_NODE), else the visible CUDA devices, else 1.
+    """
+    environ = os.environ if environ is None else environ
+    gpus = _opt_int_var(environ, "SLURM_GPUS_ON_NODE")
+    if gpus:
+        return gpus
+    return _cuda_device_count() or 1
+
+
+def _cuda_device_count() -> int:
+    import torch  # imported late: `python -m common.env --export` stays quick without CUDA
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _main(args: Sequence[str]) -> int:
+    # torch.distributed.launch passes --local-rank=N to the module it starts; it is not ours.
+    args = [a for a in args if not a.startswith(("--local-rank", "--local_rank"))]
+    if args and args[0] in ("-h", "--help"):
+        print("usage: python -m common.env [--export]\n\n" + (__doc__ or "").split("\n\n")[0])
+        return 0
+    if args and args != ["--export"]:
+        print(
+            f"common.env: unknown argument {args[0]!r}; usage: python -m common.env [--export]",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        env = resolve_launch_env()
+        gpus = _cuda_device_count()
+        check_local_gpus(env, gpus)
+        if args == ["--export"]:
+            values = {
+                "MASTER_ADDR": env.master_addr,
+                "MASTER_PORT": env.master_port,
+                "WORLD_SIZE": env.world_size,
+                "RANK": env.rank,
+                "LOCAL_RANK": env.local_rank,
+                "LOCAL_WORLD_SIZE": env.local_world_size,
+                "NODE_RANK": env.node_rank,
+                "NNODES": env.num_nodes,
+                "NPROC_PER_NODE": nproc_per_node(),
+            }
+            for name, value in values.items():
+                print(f"export {name}={shlex.quote(str(value))}")
+        else:
+            print(json.dumps({**env.as_dict(), "backend": "nccl" if gpus else "gloo"}))
+    except LaunchError as exc:
+        print(f"common.env: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -1,0 +1,53 @@
+"""Join the process group through common.dist, all_reduce the ranks, print one JSON line.
+
+Started by tests/test_process_groups.py through torchrun, torch.distributed.launch, plain
+environment variables or (with --spawn N) torch.multiprocessing.spawn.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
+
+from common.dist import cleanup, init_distributed  # noqa: E402
+from common.env import resolve_launch_env  # noqa: E402
+
+
+def work(env):
+    ctx = init_distributed(env, timeout_s=30)
+    try:
+        value = torch.tensor([float(ctx.env.rank + 1)])
+        torch.distributed.all_reduce(value)
+        print(
+            json.dumps({**ctx.env.as_dict(), "backend": ctx.backend, "sum": value.item()}),
+            flush=True,
+        )
+    finally:
+        cleanup()
+
+
+def spawned(index, nprocs):
+    work(resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs))
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--spawn", type=int, default=0, help="mp.spawn this many processes")
+    # torch.distributed.launch (without --use-env) passes --local-rank=N.
+    parser.add_argument("--local-rank", "--local_rank", type=int, default=None)
+    args = parser.parse_args()
+    if args.local_rank is not None:
+        assert args.local_rank == int(os.environ["LOCAL_RANK"])
+    if args.spawn:
+        mp.spawn(spawned, args=(args.spawn,), nprocs=args.spawn, join=True)
+    else:
+        work(resolve_launch_env())
+
+
+if __name__ == "__main__":
+    main()
