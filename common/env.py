@@ -210,10 +210,10 @@ class _SlurmStep:
 def _in_srun_step(environ: Mapping[str, str]) -> bool:
     """True inside a task started by srun.
 
-    The batch script itself (sbatch without srun) also has SLURM_PROCID=0 and job-wide counts
-    such as SLURM_NTASKS, but it is one process; only srun sets the SLURM_STEP_* variables.
+    The batch script itself (sbatch without srun) also has SLURM_PROCID=0, SLURM_NODEID=0 and
+    job-wide counts such as SLURM_NTASKS=4, but it is one process: only srun sets SLURM_STEP_ID.
     """
-    return "SLURM_PROCID" in environ and "SLURM_STEP_NUM_TASKS" in environ
+    return "SLURM_PROCID" in environ and ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ)
 
 
 def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:

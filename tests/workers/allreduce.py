@@ -19,14 +19,14 @@ from common.env import resolve_launch_env  # noqa: E402
 
 
 def work(env):
-    ctx = init_distributed(env, timeout_s=30)
+    ctx = init_distributed(env)  # timeout from COURSE_DIST_TIMEOUT
     try:
         value = torch.tensor([float(ctx.env.rank + 1)])
         torch.distributed.all_reduce(value)
-        print(
-            json.dumps({**ctx.env.as_dict(), "backend": ctx.backend, "sum": value.item()}),
-            flush=True,
-        )
+        line = json.dumps({**ctx.env.as_dict(), "backend": ctx.backend, "sum": value.item()})
+        # One write per line: ranks share the pipe, so a separate newline could interleave.
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
     finally:
         cleanup()
 

@@ -1,0 +1,615 @@
+"""common.env: every resolution rule and every fail-fast case, table-driven.
+
+The environments are written out as SLURM / torchrun set them (see the variable lists that
+`srun env` and a torchrun worker print).  Checks against this machine (name resolution, a busy
+port) use real sockets.
+"""
+
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from common.env import (  # noqa: E402
+    LaunchEnv,
+    LaunchError,
+    _torch_launcher,
+    check_local_gpus,
+    expand_hostlist,
+    master_port_for_job,
+    parse_tasks_per_node,
+    resolve_launch_env,
+)
+
+
+def resolve(environ, **kwargs):
+    kwargs.setdefault("argv", ["train.py"])
+    kwargs.setdefault("check", False)
+    return resolve_launch_env(environ, **kwargs)
+
+
+def slurm_step(procid, localid, nodeid, ntasks, nodelist, tasks_per_node, job_id="1234", **extra):
+    """The variables srun gives one task of a job step."""
+    return {
+        "SLURM_JOB_ID": job_id,
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(procid),
+        "SLURM_LOCALID": str(localid),
+        "SLURM_NODEID": str(nodeid),
+        "SLURM_STEP_NUM_TASKS": str(ntasks),
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_STEP_NODELIST": nodelist,
+        "SLURM_JOB_NODELIST": nodelist,
+        "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
+        "SLURM_TASKS_PER_NODE": tasks_per_node,
+        **extra,
+    }
+
+
+def torchrun_worker(rank, local_rank, world, local_world, group_rank, group_world, **extra):
+    """The variables a torchrun agent gives one worker."""
+    return {
+        "TORCHELASTIC_RUN_ID": "run1",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(local_world),
+        "GROUP_RANK": str(group_rank),
+        "GROUP_WORLD_SIZE": str(group_world),
+        "MASTER_ADDR": "localhost",
+        "MASTER_PORT": "29400",
+        **extra,
+    }
+
+
+# Batch script of `sbatch --nodes=2 --ntasks-per-node=2` (no srun): as printed on the local cluster.
+BATCH_SCRIPT = {
+    "SLURM_JOB_ID": "77",
+    "SLURM_PROCID": "0",
+    "SLURM_LOCALID": "0",
+    "SLURM_NODEID": "0",
+    "SLURM_NTASKS": "4",
+    "SLURM_TASKS_PER_NODE": "2(x2)",
+    "SLURM_JOB_NODELIST": "node[1-2]",
+    "SLURM_NNODES": "2",
+}
+
+FIELDS = "launcher rank local_rank world_size local_world_size node_rank num_nodes".split()
+
+RESOLUTION_CASES = [
+    # id, environ, kwargs, expected (launcher, rank, local_rank, world, local_world, node, nodes),
+    # master_addr, master_port (None: any valid port)
+    ("single", {}, {}, ("single", 0, 0, 1, 1, 0, 1), "127.0.0.1", None),
+    ("single-port", {"MASTER_PORT": "12345"}, {}, ("single", 0, 0, 1, 1, 0, 1), "127.0.0.1", 12345),
+    (
+        "torchrun-one-node",
+        torchrun_worker(1, 1, 2, 2, 0, 1),
+        {},
+        ("torchrun", 1, 1, 2, 2, 0, 1),
+        "localhost",
+        29400,
+    ),
+    (
+        "torchrun-four-nodes",
+        torchrun_worker(5, 1, 8, 2, 2, 4, MASTER_ADDR="gpu01"),
+        {},
+        ("torchrun", 5, 1, 8, 2, 2, 4),
+        "gpu01",
+        29400,
+    ),
+    (
+        "launch-local-rank-flag",
+        torchrun_worker(1, 1, 2, 2, 0, 1),
+        {"argv": ["train.py", "--local-rank=1"]},
+        ("torch.distributed.launch", 1, 1, 2, 2, 0, 1),
+        "localhost",
+        29400,
+    ),
+    (
+        "launch-old-underscore-flag",
+        torchrun_worker(0, 0, 2, 2, 0, 1),
+        {"argv": ["train.py", "--local_rank=0"]},
+        ("torch.distributed.launch", 0, 0, 2, 2, 0, 1),
+        "localhost",
+        29400,
+    ),
+    (
+        "env-by-hand",
+        {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.5", "MASTER_PORT": "23000"},
+        {},
+        ("env", 1, 1, 2, 2, 0, 1),
+        "10.0.0.5",
+        23000,
+    ),
+    (
+        "env-defaults-addr-and-port",
+        {"RANK": "0", "WORLD_SIZE": "2"},
+        {},
+        ("env", 0, 0, 2, 2, 0, 1),
+        "127.0.0.1",
+        29500,
+    ),
+    (
+        "env-two-nodes-local-vars",
+        {
+            "RANK": "3",
+            "WORLD_SIZE": "4",
+            "LOCAL_RANK": "1",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "n1",
+        },
+        {},
+        ("env", 3, 1, 4, 2, 1, 2),
+        "n1",
+        29500,
+    ),
+    (
+        "env-inside-srun",
+        {"RANK": "1", "WORLD_SIZE": "4", **slurm_step(1, 1, 0, 4, "node[1-2]", "2(x2)")},
+        {},
+        ("env", 1, 1, 4, 2, 0, 2),
+        "node1",
+        16234,
+    ),
+    (
+        "slurm-2x2",
+        slurm_step(3, 1, 1, 4, "node[1-2]", "2(x2)"),
+        {},
+        ("slurm", 3, 1, 4, 2, 1, 2),
+        "node1",
+        15000 + 1234,
+    ),
+    (
+        "slurm-uneven-2(x3),1",
+        slurm_step(6, 0, 3, 7, "gpu[01-03,07]", "2(x3),1"),
+        {},
+        ("slurm", 6, 0, 7, 1, 3, 4),
+        "gpu01",
+        16234,
+    ),
+    (
+        "slurm-master-addr-set",
+        slurm_step(0, 0, 0, 2, "node[1-2]", "1(x2)", MASTER_ADDR="10.1.1.1", MASTER_PORT="3000"),
+        {},
+        ("slurm", 0, 0, 2, 1, 0, 2),
+        "10.1.1.1",
+        3000,
+    ),
+    (
+        "slurm-array-task",
+        slurm_step(0, 0, 0, 1, "node1", "1", job_id="100", SLURM_ARRAY_TASK_ID="3"),
+        {},
+        ("slurm", 0, 0, 1, 1, 0, 1),
+        "node1",
+        15103,
+    ),
+    (
+        "slurm-fallback-job-variables",
+        {
+            "SLURM_JOB_ID": "9",
+            "SLURM_STEPID": "0",
+            "SLURM_PROCID": "2",
+            "SLURM_LOCALID": "0",
+            "SLURM_NODEID": "1",
+            "SLURM_NTASKS": "3",
+            "SLURM_JOB_NODELIST": "cpu[1,5]",
+            "SLURM_TASKS_PER_NODE": "2,1",
+        },
+        {},
+        ("slurm", 2, 0, 3, 1, 1, 2),
+        "cpu1",
+        15009,
+    ),
+    (
+        "sbatch-script-is-one-process",
+        BATCH_SCRIPT,
+        {},
+        ("single", 0, 0, 1, 1, 0, 1),
+        "127.0.0.1",
+        15077,
+    ),
+    (
+        "mp.spawn-alone",
+        {"MASTER_PORT": "24000"},
+        {"spawn_index": 1, "spawn_nprocs": 2},
+        ("mp.spawn", 1, 1, 2, 2, 0, 1),
+        "127.0.0.1",
+        24000,
+    ),
+    (
+        "mp.spawn-default-port",
+        {},
+        {"spawn_index": 0, "spawn_nprocs": 3},
+        ("mp.spawn", 0, 0, 3, 3, 0, 1),
+        "127.0.0.1",
+        29500,
+    ),
+    (
+        "mp.spawn-per-node-under-srun",
+        slurm_step(1, 0, 1, 2, "node[1-2]", "1(x2)"),
+        {"spawn_index": 1, "spawn_nprocs": 2},
+        ("mp.spawn", 3, 1, 4, 2, 1, 2),
+        "node1",
+        16234,
+    ),
+    (
+        "mp.spawn-in-batch-script",
+        BATCH_SCRIPT,
+        {"spawn_index": 1, "spawn_nprocs": 2},
+        ("mp.spawn", 1, 1, 2, 2, 0, 1),
+        "127.0.0.1",
+        15077,
+    ),
+    (
+        "mp.spawn-one-proc-inside-torchrun",
+        torchrun_worker(1, 1, 2, 2, 0, 1),
+        {"spawn_index": 0, "spawn_nprocs": 1},
+        ("torchrun", 1, 1, 2, 2, 0, 1),
+        "localhost",
+        29400,
+    ),
+    (
+        "torchrun-under-srun-one-task-per-node",
+        {**slurm_step(1, 0, 1, 2, "node[1-2]", "1(x2)"), **torchrun_worker(3, 1, 4, 2, 1, 2)},
+        {},
+        ("torchrun", 3, 1, 4, 2, 1, 2),
+        "localhost",
+        29400,
+    ),
+    (
+        "torchrun-one-worker-under-srun-2-per-node",
+        {**slurm_step(1, 1, 0, 2, "node1", "2"), **torchrun_worker(1, 0, 2, 1, 1, 2)},
+        {},
+        ("torchrun", 1, 0, 2, 1, 1, 2),
+        "localhost",
+        29400,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "environ,kwargs,expected,addr,port",
+    [pytest.param(*case[1:], id=case[0]) for case in RESOLUTION_CASES],
+)
+def test_resolution(environ, kwargs, expected, addr, port):
+    env = resolve(environ, **kwargs)
+    assert tuple(getattr(env, f) for f in FIELDS) == expected
+    assert env.master_addr == addr
+    if port is None:
+        assert 1 <= env.master_port <= 65535
+    else:
+        assert env.master_port == port
+    assert env.job_id == environ.get("SLURM_JOB_ID")
+    assert env.hostname == socket.gethostname()
+    assert env.as_dict()["rank"] == env.rank and set(env.as_dict()) >= set(FIELDS)
+
+
+def test_launch_env_is_frozen():
+    env = resolve({})
+    assert isinstance(env, LaunchEnv)
+    with pytest.raises(AttributeError):
+        env.rank = 3
+
+
+AGENT = {"TORCHELASTIC_RUN_ID": "x"}
+TORCHRUN = "python3 /venv/bin/torchrun --nproc-per-node 2 t.py"
+RUN_MODULE = "python -m torch.distributed.run --nproc-per-node 2 t.py"
+LAUNCH = "python -m torch.distributed.launch --use-env --nproc_per_node 2 t.py"
+LAUNCH_NO_PYTHON = "python -m torch.distributed.launch --use-env --no-python run.sh"
+
+
+@pytest.mark.parametrize(
+    "environ,argv,ancestors,expected",
+    [
+        (AGENT, ["t.py"], [TORCHRUN], "torchrun"),
+        (AGENT, ["t.py"], [RUN_MODULE], "torchrun"),
+        (AGENT, ["t.py"], [LAUNCH], "torch.distributed.launch"),
+        (AGENT, ["t.py"], ["bash run.sh", LAUNCH_NO_PYTHON], "torch.distributed.launch"),
+        (AGENT, ["t.py", "--local-rank=0"], [], "torch.distributed.launch"),
+        (AGENT, ["t.py"], [], "torchrun"),
+        ({"RANK": "0"}, ["t.py"], ["bash"], "env"),
+    ],
+)
+def test_torch_launcher_detection(environ, argv, ancestors, expected):
+    assert _torch_launcher(environ, argv, ancestors) == expected
+
+
+HOSTLIST_CASES = [
+    ("node1", ["node1"]),
+    ("node[1-2]", ["node1", "node2"]),
+    ("gpu[01-03,07],cpu5", ["gpu01", "gpu02", "gpu03", "gpu07", "cpu5"]),
+    ("n[001-002]", ["n001", "n002"]),  # zero padding kept
+    ("rack[1-2]-gpu[08-09]", ["rack1-gpu08", "rack1-gpu09", "rack2-gpu08", "rack2-gpu09"]),
+    ("a[1,3],b[09-10],c", ["a1", "a3", "b09", "b10", "c"]),
+    ("10.0.0.[1-2]", ["10.0.0.1", "10.0.0.2"]),
+]
+
+
+@pytest.mark.parametrize("text,hosts", HOSTLIST_CASES, ids=[c[0] for c in HOSTLIST_CASES])
+def test_expand_hostlist(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text", ["node[1-", "node[3-1]", "node]1[", ""])
+def test_bad_hostlist_names_the_variable(text):
+    with pytest.raises(LaunchError, match="SLURM_JOB_NODELIST"):
+        expand_hostlist(text, "SLURM_JOB_NODELIST")
+
+
+@pytest.mark.parametrize(
+    "text,counts",
+    [("4", [4]), ("2(x3),1", [2, 2, 2, 1]), ("1(x2)", [1, 1]), ("3,2(x2)", [3, 2, 2])],
+)
+def test_tasks_per_node(text, counts):
+    assert parse_tasks_per_node(text) == counts
+
+
+def test_master_port_for_job():
+    ports = [master_port_for_job(job) for job in range(1, 40000, 7)]
+    assert all(1024 <= p < 32768 for p in ports)  # unprivileged, below the ephemeral range
+    assert master_port_for_job(1234) == master_port_for_job("1234")  # every task agrees
+    assert len({master_port_for_job(j) for j in range(500, 600)}) == 100  # neighbours differ
+    assert master_port_for_job(100, 3) != master_port_for_job(100, 4)
+
+
+# --------------------------------------------------------------------------- fail fast
+
+ERROR_CASES = [
+    # id, environ, kwargs, strings the message must contain
+    ("rank-not-int", {"RANK": "one", "WORLD_SIZE": "2"}, {}, ["RANK", "'one'"]),
+    ("world-missing", {"RANK": "0"}, {}, ["WORLD_SIZE"]),
+    ("agent-without-rank", {"TORCHELASTIC_RUN_ID": "x", "WORLD_SIZE": "2"}, {}, ["RANK"]),
+    ("rank-too-big", {"RANK": "2", "WORLD_SIZE": "2"}, {}, ["RANK=2", "WORLD_SIZE=2"]),
+    ("world-zero", {"RANK": "0", "WORLD_SIZE": "0"}, {}, ["WORLD_SIZE=0"]),
+    (
+        "local-rank-without-size",
+        {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"},
+        {},
+        ["LOCAL_WORLD_SIZE"],
+    ),
+    (
+        "local-rank-too-big",
+        {"RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "2", "LOCAL_WORLD_SIZE": "2"},
+        {},
+        ["LOCAL_RANK=2", "LOCAL_WORLD_SIZE=2"],
+    ),
+    (
+        "slurm-localid-missing",
+        {
+            k: v
+            for k, v in slurm_step(0, 0, 0, 2, "n[1-2]", "1(x2)").items()
+            if k != "SLURM_LOCALID"
+        },
+        {},
+        ["SLURM_LOCALID", "srun"],
+    ),
+    ("slurm-procid-not-int", slurm_step("a", 0, 0, 2, "n[1-2]", "1(x2)"), {}, ["SLURM_PROCID"]),
+    ("slurm-procid-too-big", slurm_step(4, 1, 1, 4, "n[1-2]", "2(x2)"), {}, ["SLURM_PROCID=4"]),
+    ("slurm-ntasks-not-int", slurm_step(0, 0, 0, "x", "n1", "1"), {}, ["SLURM_STEP_NUM_TASKS"]),
+    (
+        "slurm-counts-disagree",
+        slurm_step(0, 0, 0, 3, "n[1-2]", "2(x2)"),
+        {},
+        ["SLURM_STEP_NUM_TASKS=3", "SLURM_STEP_TASKS_PER_NODE"],
+    ),
+    (
+        "slurm-nodes-disagree",
+        slurm_step(0, 0, 0, 6, "n[1-2]", "2(x3)"),
+        {},
+        ["SLURM_STEP_TASKS_PER_NODE", "SLURM_STEP_NODELIST"],
+    ),
+    ("slurm-bad-nodelist", slurm_step(0, 0, 0, 2, "node[1-", "1(x2)"), {}, ["SLURM_STEP_NODELIST"]),
+    (
+        "slurm-bad-tasks-per-node",
+        slurm_step(0, 0, 0, 2, "n[1-2]", "1(x"),
+        {},
+        ["SLURM_STEP_TASKS_PER_NODE"],
+    ),
+    (
+        "slurm-nodeid-too-big",
+        slurm_step(1, 0, 2, 2, "n[1-2]", "1(x2)"),
+        {},
+        ["SLURM_NODEID=2"],
+    ),
+    ("slurm-job-id-not-int", slurm_step(0, 0, 0, 1, "n1", "1", job_id="abc"), {}, ["SLURM_JOB_ID"]),
+    (
+        "world-size-disagrees-with-srun",
+        {"RANK": "0", "WORLD_SIZE": "2", **slurm_step(0, 0, 0, 4, "n[1-2]", "2(x2)")},
+        {},
+        ["WORLD_SIZE=2", "SLURM_STEP_NUM_TASKS=4"],
+    ),
+    (
+        "torchrun-nnodes-disagrees-with-srun",
+        {**slurm_step(0, 0, 0, 2, "n[1-2]", "1(x2)"), **torchrun_worker(0, 0, 2, 2, 0, 1)},
+        {},
+        ["GROUP_WORLD_SIZE=1", "SLURM_STEP_NUM_TASKS=2", "--nnodes"],
+    ),
+    (
+        "double-spawn-torchrun",
+        {**slurm_step(1, 1, 0, 4, "n[1-2]", "2(x2)"), **torchrun_worker(1, 1, 8, 2, 1, 4)},
+        {},
+        ["double spawn", "SLURM_STEP_TASKS_PER_NODE", "LOCAL_WORLD_SIZE", "--ntasks-per-node=1"],
+    ),
+    (
+        "double-spawn-mp.spawn",
+        slurm_step(1, 1, 0, 4, "n[1-2]", "2(x2)"),
+        {"spawn_index": 0, "spawn_nprocs": 2},
+        ["double spawn", "SLURM_STEP_TASKS_PER_NODE", "mp.spawn"],
+    ),
+    (
+        "mp.spawn-inside-torchrun",
+        torchrun_worker(0, 0, 2, 2, 0, 1),
+        {"spawn_index": 0, "spawn_nprocs": 2},
+        ["double spawn", "RANK", "--nproc-per-node"],
+    ),
+    ("spawn-index-alone", {}, {"spawn_index": 0}, ["spawn_nprocs"]),
+    ("spawn-index-too-big", {}, {"spawn_index": 2, "spawn_nprocs": 2}, ["spawn_index=2"]),
+    ("port-not-int", {"MASTER_PORT": "http"}, {}, ["MASTER_PORT", "'http'"]),
+    ("port-zero", {"MASTER_PORT": "0"}, {}, ["MASTER_PORT=0", "1-65535"]),
+    ("port-too-big", {"MASTER_PORT": "70000"}, {}, ["MASTER_PORT=70000", "1-65535"]),
+    (
+        "multi-node-without-master-addr",
+        {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"},
+        {},
+        ["MASTER_ADDR"],
+    ),
+    (
+        "master-addr-does-not-resolve",
+        {"MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": "23001"},
+        {"check": True},
+        ["MASTER_ADDR='no-such-host.invalid'", "does not resolve"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "environ,kwargs,needles", [pytest.param(*c[1:], id=c[0]) for c in ERROR_CASES]
+)
+def test_fail_fast(environ, kwargs, needles):
+    with pytest.raises(LaunchError) as info:
+        resolve(environ, **kwargs)
+    for needle in needles:
+        assert needle in str(info.value)
+
+
+@pytest.fixture
+def busy_port():
+    """A port on which something really listens."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        sock.listen()
+        yield sock.getsockname()[1]
+
+
+def test_busy_port_fails_for_rank0_that_binds(busy_port):
+    environ = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_PORT": str(busy_port)}
+    with pytest.raises(LaunchError, match=f"MASTER_PORT={busy_port} is already in use"):
+        resolve(environ, check=True)
+    with pytest.raises(LaunchError, match="MASTER_PORT"):
+        resolve({"MASTER_PORT": str(busy_port)}, spawn_index=0, spawn_nprocs=2, check=True)
+
+
+def test_busy_port_is_fine_when_someone_else_binds(busy_port):
+    # Rank 1 only connects; under torchrun the agent already holds the port.
+    resolve({"RANK": "1", "WORLD_SIZE": "2", "MASTER_PORT": str(busy_port)}, check=True)
+    resolve(torchrun_worker(0, 0, 2, 2, 0, 1, MASTER_PORT=str(busy_port)), check=True)
+
+
+def test_free_port_and_resolving_host_pass_checks():
+    env = resolve({"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "localhost"}, check=True)
+    assert env.master_addr == "localhost"
+
+
+@pytest.mark.parametrize("local_world,gpus,fails", [(4, 2, True), (2, 2, False), (4, 0, False)])
+def test_more_local_ranks_than_gpus(local_world, gpus, fails):
+    env = resolve({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+                   "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "n1"})  # fmt: skip
+    if fails:
+        with pytest.raises(LaunchError, match="LOCAL_WORLD_SIZE.*visible GPUs"):
+            check_local_gpus(env, gpus)
+    else:
+        check_local_gpus(env, gpus)  # no CUDA in use (0 GPUs) is gloo on CPU: fine
+
+
+def test_dist_timeout_variable(monkeypatch):
+    from common.dist import DEFAULT_TIMEOUT_S, _timeout_s
+
+    monkeypatch.delenv("COURSE_DIST_TIMEOUT", raising=False)
+    assert _timeout_s(None) == DEFAULT_TIMEOUT_S
+    assert _timeout_s(5) == 5
+    monkeypatch.setenv("COURSE_DIST_TIMEOUT", "12.5")
+    assert _timeout_s(None) == 12.5
+    for bad in ("soon", "0"):
+        monkeypatch.setenv("COURSE_DIST_TIMEOUT", bad)
+        with pytest.raises(LaunchError, match="COURSE_DIST_TIMEOUT"):
+            _timeout_s(None)
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def clean_environ(**extra):
+    """This process's environment without any launcher variables, plus ``extra``."""
+    drop = ("SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    environ["PYTHONPATH"] = str(ROOT)
+    environ.update(extra)
+    return environ
+
+
+def run_cli(*args, **extra):
+    return subprocess.run(
+        [sys.executable, "-m", "common.env", *args],
+        env=clean_environ(**extra),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+def test_cli_json_for_an_srun_task():
+    step = slurm_step(3, 1, 1, 4, "localhost,node2", "2(x2)", job_id="4242")
+    proc = run_cli(**step)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1
+    info = json.loads(lines[0])
+    expected = {"rank": 3, "local_rank": 1, "world_size": 4, "local_world_size": 2,
+                "node_rank": 1, "num_nodes": 2, "master_addr": "localhost",
+                "master_port": master_port_for_job(4242), "launcher": "slurm",
+                "backend": "gloo", "hostname": socket.gethostname(), "job_id": "4242"}  # fmt: skip
+    assert info == expected
+
+
+def test_cli_export_feeds_a_shell():
+    step = slurm_step(1, 0, 1, 2, "localhost,node2", "1(x2)", SLURM_GPUS_ON_NODE="2")
+    script = (
+        'eval "$(python -m common.env --export)"; '
+        'echo "$MASTER_ADDR $MASTER_PORT $NNODES $NODE_RANK $WORLD_SIZE $RANK $NPROC_PER_NODE"'
+    )
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    proc = subprocess.run(
+        ["bash", "-c", script],
+        env={**clean_environ(**step), "PATH": path},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["localhost", str(15000 + 1234), "2", "1", "2", "1", "2"]
+
+
+def test_cli_export_quotes_values():
+    proc = run_cli("--export", MASTER_ADDR="localhost", MASTER_PORT="23002")
+    assert proc.returncode == 0, proc.stderr
+    exports = dict(shlex.split(line)[1].split("=", 1) for line in proc.stdout.splitlines())
+    assert exports["MASTER_ADDR"] == "localhost" and exports["MASTER_PORT"] == "23002"
+    assert {"NNODES", "NODE_RANK", "WORLD_SIZE", "NPROC_PER_NODE"} <= set(exports)
+
+
+@pytest.mark.parametrize(
+    "args,extra,needle",
+    [
+        ((), {"RANK": "0", "WORLD_SIZE": "zwei"}, "WORLD_SIZE"),
+        (("--export",), {"RANK": "5", "WORLD_SIZE": "2"}, "RANK=5"),
+        ((), slurm_step(0, 0, 0, 2, "node[1-", "1(x2)"), "SLURM_STEP_NODELIST"),
+        ((), {"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR"),
+        (("--bogus",), {}, "--bogus"),
+    ],
+)
+def test_cli_bad_input_exits_2(args, extra, needle):
+    proc = run_cli(*args, **extra)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert needle in proc.stderr and "Traceback" not in proc.stderr
