@@ -23,15 +23,21 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common.dist import cleanup, init_distributed, print0
 from torch.multiprocessing.spawn import ProcessException
 
+from common.dist import cleanup, init_distributed, print0
 from common.env import (
     LaunchError,
     find_free_port,
     nproc_per_node,
     resolve_launch_env,
 )
+
+
+def say(text: str) -> None:
+    # One write per line: the processes share one output file, and print()'s separate write
+    # of the newline would let their lines run into each other.
+    print(text + "\n", end="", flush=True)
 
 
 def expected_sum(world_size: int) -> list[float]:
@@ -61,8 +67,8 @@ def worker(index: int | None, nprocs: int, break_rank: int | None) -> None:
     held = tensor.cpu().tolist()
     expected = expected_sum(world)
     ok = held == expected
-    print(f"rank {rank}/{world} on {env.hostname} (node {env.node_rank}, local {env.local_rank}): "
-          f"holds {held} expected {expected} {'OK' if ok else 'WRONG'}", flush=True)
+    say(f"rank {rank}/{world} on {env.hostname} (node {env.node_rank}, local {env.local_rank}): "
+          f"holds {held} expected {expected} {'OK' if ok else 'WRONG'}")
 
     # A rank that only checks itself cannot tell the job failed elsewhere. One more
     # all_reduce counts the wrong ranks, so every process exits with the same verdict.

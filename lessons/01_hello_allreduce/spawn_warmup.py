@@ -19,12 +19,18 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from common.dist import cleanup, init_distributed, print0
 from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from common.dist import cleanup, init_distributed, print0
 from common.env import find_free_port, resolve_launch_env
+
+
+def say(text: str) -> None:
+    # One write per line: the processes share one output file, and print()'s separate write
+    # of the newline would let their lines run into each other.
+    print(text + "\n", end="", flush=True)
 
 
 class ToyModel(nn.Module):
@@ -51,10 +57,10 @@ def worker(index: int, nprocs: int, steps: int) -> None:
     # Wrapping in DDP broadcasts rank 0's weights, so all replicas start equal anyway.
     torch.manual_seed(rank)
     model = ToyModel().to(ctx.device)
-    print(f"rank {rank}/{world}: weights before DDP {weights_checksum(model):+.6f}", flush=True)
+    say(f"rank {rank}/{world}: weights before DDP {weights_checksum(model):+.6f}")
     device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
     ddp_model = DDP(model, device_ids=device_ids)
-    print(f"rank {rank}/{world}: weights after DDP  {weights_checksum(model):+.6f}", flush=True)
+    say(f"rank {rank}/{world}: weights after DDP  {weights_checksum(model):+.6f}")
 
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=0.01)
     loss_fn = nn.MSELoss()
@@ -68,7 +74,7 @@ def worker(index: int, nprocs: int, steps: int) -> None:
         # takes the same optimizer step.
         loss.backward()
         optimizer.step()
-        print(f"rank {rank}/{world}: step {step} local loss {loss.item():.4f}", flush=True)
+        say(f"rank {rank}/{world}: step {step} local loss {loss.item():.4f}")
 
     # Check what DDP promised: same weights everywhere after training on different data.
     checksums = [0.0] * world

@@ -19,9 +19,15 @@ import sys
 
 import torch
 import torch.distributed as dist
-from common.dist import cleanup, init_distributed
 
+from common.dist import cleanup, init_distributed
 from common.env import LaunchError, resolve_launch_env
+
+
+def say(text: str) -> None:
+    # One write per line: the processes share one output file, and print()'s separate write
+    # of the newline would let their lines run into each other.
+    print(text + "\n", end="", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,8 +59,8 @@ def main(argv: list[str] | None = None) -> int:
               f"expected {env.world_size}", file=sys.stderr)
         cleanup()
         return 1
-    print(f"[{env.master_addr}:{env.master_port}] hello from {env.hostname}:{ctx.backend} "
-          f"process {env.rank}/{env.world_size}", flush=True)
+    say(f"[{env.master_addr}:{env.master_port}] hello from {env.hostname}:{ctx.backend} "
+          f"process {env.rank}/{env.world_size}")
     cleanup()
     return 0
 

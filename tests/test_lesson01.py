@@ -1,0 +1,191 @@
+"""Lesson 01 (hello all_reduce).
+
+CPU smoke: the lesson's Python runs as a single-node gloo world on this machine.
+Cluster: both job scripts are submitted to the local SLURM cluster and every line checked, and the
+sample output kept in the lesson folder has the same shape as the fresh run.
+"""
+
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import hostlist
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "lessons" / "01_hello_allreduce"
+TIMEOUT = 120  # seconds for one local run; the rendezvous is bounded by COURSE_DIST_TIMEOUT
+
+RANK_LINE = re.compile(
+    r"^rank (?P<rank>\d+)/(?P<world>\d+) on (?P<host>\S+) \(node (?P<node>\d+), "
+    r"local (?P<local>\d+)\): holds (?P<held>\[[^\]]*\]) expected (?P<expected>\[[^\]]*\]) "
+    r"(?P<verdict>OK|WRONG)$"
+)
+WORLD_LINE = re.compile(
+    r"^world: (?P<world>\d+) processes on (?P<nodes>\d+) node\(s\), started by (?P<launcher>\S+), "
+    r"master (?P<addr>[^:\s]+):(?P<port>\d+), backend (?P<backend>\w+)$"
+)
+JOB_LINE = re.compile(r"^job (?P<job>\d+) on nodes (?P<nodes>\S+):")
+
+
+def clean_environ(**extra):
+    """This environment without launcher variables (the suite may itself run inside a job)."""
+    drop = ("SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_")
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    environ.update({"PYTHONPATH": str(ROOT), "COURSE_DIST_TIMEOUT": "30", "OMP_NUM_THREADS": "1"})
+    environ.update(extra)
+    return environ
+
+
+def run_lesson(script, *args, **extra):
+    return subprocess.run(
+        [sys.executable, str(LESSON / script), *args],
+        cwd=ROOT, env=clean_environ(**extra), capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+
+
+def the_sum(world):
+    """What every rank must hold: rank r contributes [r, 1]."""
+    return [float(sum(range(world))), float(world)]
+
+
+def rank_lines(text):
+    return [m.groupdict() for m in map(RANK_LINE.match, text.splitlines()) if m]
+
+
+def check_allreduce_output(text, world, nodes, hosts=None):
+    """Every rank 0..world-1 exactly once, holding the right sum, on the right node."""
+    lines = rank_lines(text)
+    assert sorted(int(r["rank"]) for r in lines) == list(range(world)), text
+    per_node = world // nodes
+    for r in lines:
+        rank = int(r["rank"])
+        assert int(r["world"]) == world, text
+        assert r["held"] == r["expected"] == str(the_sum(world)), text
+        assert r["verdict"] == "OK", text
+        # global rank = node index x processes per node + local index
+        assert rank == int(r["node"]) * per_node + int(r["local"]), text
+        if hosts is not None:
+            assert r["host"] == hosts[int(r["node"])], text
+    worlds = [m.groupdict() for m in map(WORLD_LINE.match, text.splitlines()) if m]
+    assert len(worlds) == 1, text  # printed by rank 0 only
+    assert int(worlds[0]["world"]) == world and int(worlds[0]["nodes"]) == nodes, text
+    assert f"all {world} ranks hold the expected sum" in text.splitlines(), text
+    return worlds[0]
+
+
+# --------------------------------------------------------------------------- CPU smoke
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_spawn_warmup_replicas_end_identical():
+    proc = run_lesson("spawn_warmup.py", "--nprocs", "2", "--steps", "2")
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    before = dict(re.findall(r"^rank (\d)/2: weights before DDP (\S+)$", out, re.M))
+    after = dict(re.findall(r"^rank (\d)/2: weights after DDP +(\S+)$", out, re.M))
+    assert set(before) == set(after) == {"0", "1"}, out
+    assert before["0"] != before["1"], out  # seeded differently on purpose...
+    assert after["0"] == after["1"] == before["0"], out  # ...DDP broadcast rank 0's weights
+    steps = re.findall(r"^rank (\d)/2: step (\d) local loss \d+\.\d+$", out, re.M)
+    assert sorted(steps) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], out
+    assert "weights after 2 steps on 2 ranks: identical on every rank" in out, out
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("nprocs", [1, 2])
+def test_hello_allreduce_single_node(nprocs):
+    proc = run_lesson("hello_allreduce.py", "--nprocs", str(nprocs))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    world = check_allreduce_output(proc.stdout, world=nprocs, nodes=1,
+                                   hosts=[socket.gethostname()])
+    assert world["launcher"] == ("single" if nprocs == 1 else "mp.spawn")
+    assert world["backend"] == "gloo" and world["addr"] == "127.0.0.1"
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_hello_allreduce_fails_when_one_rank_disagrees():
+    proc = run_lesson("hello_allreduce.py", "--nprocs", "2", "--break-rank", "1")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdicts = {r["rank"]: r["verdict"] for r in rank_lines(proc.stdout)}
+    assert verdicts == {"0": "OK", "1": "WRONG"}, proc.stdout
+    assert "FAILED: 1 of 2 ranks hold a wrong sum" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_hello_allreduce_refuses_to_spawn_inside_a_task_per_gpu_step():
+    """srun already started 2 tasks on this node; spawning 2 more each is the double spawn."""
+    host = socket.gethostname()
+    step = dict(
+        SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
+        SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST=host, SLURM_STEP_TASKS_PER_NODE="2",
+    )  # fmt: skip
+    proc = run_lesson("hello_allreduce.py", "--nprocs", "2", **step)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "double spawn: srun started 2 tasks on this node" in proc.stderr
+    assert "rank " not in proc.stdout  # refused before any process started
+
+
+# --------------------------------------------------------------------------- local cluster
+
+JOBS = {
+    # script: (job name = --output prefix, nodes, processes per node, launcher seen by rank 0)
+    "job.sh": ("hello-allreduce", 2, 2, "mp.spawn"),
+    "job_task_per_gpu.sh": ("hello-allreduce-task-per-gpu", 2, 2, "slurm"),
+}
+
+
+def job_header(text):
+    m = next(filter(None, map(JOB_LINE.match, text.splitlines())), None)
+    assert m, text
+    return m["job"], hostlist.expand_hostlist(m["nodes"])
+
+
+def shape(text):
+    """What must not change from run to run: lines, ranks, worlds, nodes; not ids or ports."""
+    job_id, hosts = job_header(text)
+    lines = [line for line in text.splitlines() if line.strip()]
+    return {
+        "lines": len(lines),
+        "ranks": sorted((int(r["rank"]), int(r["world"]), r["host"], r["verdict"])
+                        for r in rank_lines(text)),
+        "worlds": [(m["world"], m["nodes"], m["launcher"], m["addr"], m["backend"])
+                   for m in map(WORLD_LINE.match, lines) if m],
+        "hosts": hosts,
+        "json_lines": sum(line.startswith("{") for line in lines),
+        "summary": [line for line in lines if line.startswith(("all ", "FAILED"))],
+    }
+
+
+def sample_output(job_name):
+    samples = [p for p in LESSON.glob(f"{job_name}-*.out")
+               if re.fullmatch(rf"{re.escape(job_name)}-\d+\.out", p.name)]
+    assert len(samples) == 1, f"expected one sample output {job_name}-<jobid>.out in {LESSON}"
+    return samples[0]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("script", sorted(JOBS))
+def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
+    job_name, nodes, per_node, launcher = JOBS[script]
+    result = sbatch_wait(f"lessons/01_hello_allreduce/{script}", timeout=240)
+    text = result.output
+    try:
+        assert result.returncode == 0, text
+        job_id, hosts = job_header(text)
+        assert job_id == str(result.job_id)
+        assert len(hosts) == nodes
+        world = check_allreduce_output(text, world=nodes * per_node, nodes=nodes, hosts=hosts)
+        # The master is the job's first node; all ranks agreed on the port derived from the job.
+        assert world["addr"] == hosts[0], text
+        assert world["launcher"] == launcher and world["backend"] in ("gloo", "nccl")
+        # The stored sample is what this script printed on the local cluster: same shape.
+        sample = sample_output(job_name)
+        assert shape(sample.read_text()) == shape(text), f"{sample} differs from:\n{text}"
+    finally:
+        path = Path(result.output_path)
+        if path.parent.resolve() == ROOT:  # the job wrote into the course root: tidy up
+            path.unlink(missing_ok=True)
