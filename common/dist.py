@@ -1,10 +1,10 @@
 """Start and stop torch.distributed the same way in every lesson.
 
-    from common.dist import init_distributed, cleanup, print0
-    ctx = init_distributed()      # who am I (common.env), backend, device, process group
-    ...
-    print0("loss", loss)           # only global rank 0 prints
-    cleanup()
+from common.dist import init_distributed, cleanup, print0
+ctx = init_distributed()      # who am I (common.env), backend, device, process group
+...
+print0("loss", loss)           # only global rank 0 prints
+cleanup()
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from common.env import LaunchEnv, LaunchError, check_local_gpus, resolve_launch_env
+from common.env import LaunchEnv, LaunchError, cuda_device_index, resolve_launch_env
 
 # A rendezvous that cannot complete (a rank that never started, a wrong MASTER_ADDR) should fail
 # within a minute, not after torch's default of 10-30 minutes.
@@ -39,8 +39,7 @@ def pick_backend_and_device(env: LaunchEnv) -> tuple[str, torch.device]:
     """NCCL on cuda:<local_rank> when CUDA devices are visible, else gloo on the CPU."""
     if not torch.cuda.is_available():
         return "gloo", torch.device("cpu")
-    check_local_gpus(env, torch.cuda.device_count())
-    return "nccl", torch.device("cuda", env.local_rank)
+    return "nccl", torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
 
 
 def _timeout_s(timeout_s: float | None) -> float:

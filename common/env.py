@@ -278,7 +278,10 @@ def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> Launc
 
 def _from_torch_launcher(environ, argv, ancestors, step):
     launcher = _torch_launcher(environ, argv, ancestors)
-    fix = "torchrun sets it for every worker; if you set RANK by hand, set WORLD_SIZE too."
+    fix = (
+        "torchrun sets RANK and WORLD_SIZE for every worker; set both or neither by hand "
+        "(a WORLD_SIZE exported by a shell script hides SLURM's variables: unset it)."
+    )
     rank = _int_var(environ, "RANK", hint=fix)
     world_size = _int_var(environ, "WORLD_SIZE", hint=fix)
     local_rank = _opt_int_var(environ, "LOCAL_RANK")
@@ -435,13 +438,17 @@ def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_
 
 
 def _master_addr(environ, step, num_nodes) -> str:
-    """MASTER_ADDR if set, else the first host of the SLURM step, else this machine."""
+    """MASTER_ADDR if set, else the first host of the SLURM step, else this machine.
+
+    "This machine" is its SLURM node name (SLURMD_NODENAME, set in a batch script) so that a
+    shell script can hand it to processes on other nodes, else 127.0.0.1.
+    """
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
     if step is not None:
         return step.hosts[0]
     if num_nodes == 1:
-        return "127.0.0.1"
+        return environ.get("SLURMD_NODENAME") or "127.0.0.1"
     raise LaunchError(
         f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export MASTER_ADDR=<host "
         f"of rank 0> (or start the job with srun, which names the hosts)."
@@ -500,16 +507,27 @@ def check_port_free(port: int) -> None:
             raise
 
 
-def check_local_gpus(env: LaunchEnv, visible_gpus: int) -> None:
-    """Each local rank drives cuda:<local_rank>; there must be that many visible GPUs."""
-    if visible_gpus and env.local_world_size > visible_gpus:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        raise LaunchError(
-            f"{env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only "
-            f"{visible_gpus} visible GPUs (CUDA_VISIBLE_DEVICES={visible!r}); "
-            f"start one process per GPU (--nproc-per-node / --ntasks-per-node) or request more "
-            f"GPUs (--gpus-per-node)."
-        )
+def cuda_device_index(
+    env: LaunchEnv, visible_gpus: int, environ: Mapping[str, str] | None = None
+) -> int:
+    """Which of the visible GPUs this process drives: normally cuda:<local_rank>.
+
+    When SLURM binds one GPU to each task (``--gpus-per-task=1``), every task sees a single
+    device, cuda:0, while SLURM_GPUS_ON_NODE still counts all GPUs of the node.  Fewer visible
+    GPUs than local ranks otherwise means two processes would share a GPU: refuse.
+    """
+    environ = os.environ if environ is None else environ
+    if visible_gpus >= env.local_world_size:
+        return env.local_rank
+    on_node = _opt_int_var(environ, "SLURM_GPUS_ON_NODE") or 0
+    if visible_gpus == 1 and on_node >= env.local_world_size:
+        return 0
+    raise LaunchError(
+        f"{env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only "
+        f"{visible_gpus} visible GPUs (CUDA_VISIBLE_DEVICES="
+        f"{environ.get('CUDA_VISIBLE_DEVICES')!r}); start one process per GPU "
+        f"(--nproc-per-node / --ntasks-per-node) or ask for more GPUs (--gpus-per-node)."
+    )
 
 
 # --------------------------------------------------------------------------- command line
@@ -525,6 +543,33 @@ def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:
     if gpus:
         return gpus
     return _cuda_device_count() or 1
+
+
+def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> dict:
+    """What ``python -m common.env --export`` hands to a shell script that starts a launcher.
+
+    MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and NPROC_PER_NODE are exactly torchrun's
+    ``--master-addr --master-port --nnodes --node-rank --nproc-per-node``; the launched world has
+    NNODES * NPROC_PER_NODE processes.  In the batch script itself (no srun step) NNODES is the
+    job's node count, and NODE_RANK (0) only holds for the node running the script.
+    RANK and WORLD_SIZE are deliberately not exported: every process started later from that
+    shell (srun python ..., torchrun's workers) would inherit them and take them for its own.
+    """
+    environ = os.environ if environ is None else environ
+    num_nodes = env.num_nodes
+    if env.launcher == "single" and environ.get("SLURM_JOB_ID"):
+        num_nodes = (
+            _opt_int_var(environ, "SLURM_JOB_NUM_NODES")
+            or _opt_int_var(environ, "SLURM_NNODES")
+            or 1
+        )
+    return {
+        "MASTER_ADDR": env.master_addr,
+        "MASTER_PORT": env.master_port,
+        "NNODES": num_nodes,
+        "NODE_RANK": env.node_rank,
+        "NPROC_PER_NODE": nproc_per_node(environ),
+    }
 
 
 def _cuda_device_count() -> int:
@@ -548,20 +593,10 @@ def _main(args: Sequence[str]) -> int:
     try:
         env = resolve_launch_env()
         gpus = _cuda_device_count()
-        check_local_gpus(env, gpus)
+        if gpus:
+            cuda_device_index(env, gpus)
         if args == ["--export"]:
-            values = {
-                "MASTER_ADDR": env.master_addr,
-                "MASTER_PORT": env.master_port,
-                "WORLD_SIZE": env.world_size,
-                "RANK": env.rank,
-                "LOCAL_RANK": env.local_rank,
-                "LOCAL_WORLD_SIZE": env.local_world_size,
-                "NODE_RANK": env.node_rank,
-                "NNODES": env.num_nodes,
-                "NPROC_PER_NODE": nproc_per_node(),
-            }
-            for name, value in values.items():
+            for name, value in export_values(env).items():
                 print(f"export {name}={shlex.quote(str(value))}")
         else:
             print(json.dumps({**env.as_dict(), "backend": "nccl" if gpus else "gloo"}))

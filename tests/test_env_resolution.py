@@ -22,7 +22,7 @@ from common.env import (  # noqa: E402
     LaunchEnv,
     LaunchError,
     _torch_launcher,
-    check_local_gpus,
+    cuda_device_index,
     expand_hostlist,
     master_port_for_job,
     parse_tasks_per_node,
@@ -81,6 +81,8 @@ BATCH_SCRIPT = {
     "SLURM_TASKS_PER_NODE": "2(x2)",
     "SLURM_JOB_NODELIST": "node[1-2]",
     "SLURM_NNODES": "2",
+    "SLURM_JOB_NUM_NODES": "2",
+    "SLURMD_NODENAME": "node1",
 }
 
 FIELDS = "launcher rank local_rank world_size local_world_size node_rank num_nodes".split()
@@ -214,7 +216,7 @@ RESOLUTION_CASES = [
         BATCH_SCRIPT,
         {},
         ("single", 0, 0, 1, 1, 0, 1),
-        "127.0.0.1",
+        "node1",
         15077,
     ),
     (
@@ -246,7 +248,7 @@ RESOLUTION_CASES = [
         BATCH_SCRIPT,
         {"spawn_index": 1, "spawn_nprocs": 2},
         ("mp.spawn", 1, 1, 2, 2, 0, 1),
-        "127.0.0.1",
+        "node1",
         15077,
     ),
     (
@@ -509,15 +511,28 @@ def test_free_port_and_resolving_host_pass_checks():
     assert env.master_addr == "localhost"
 
 
-@pytest.mark.parametrize("local_world,gpus,fails", [(4, 2, True), (2, 2, False), (4, 0, False)])
-def test_more_local_ranks_than_gpus(local_world, gpus, fails):
-    env = resolve({"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0",
+@pytest.mark.parametrize(
+    "local_rank,local_world,visible,gpus_on_node,index",
+    [
+        (1, 2, 2, None, 1),  # one GPU per local rank: cuda:<local_rank>
+        (3, 4, 8, "8", 3),
+        (1, 2, 1, "2", 0),  # --gpus-per-task=1: each task sees only its own GPU
+        (1, 4, 2, "2", None),  # 4 processes, 2 GPUs: would share
+        (1, 2, 1, "1", None),  # 2 tasks, 1 GPU on the node
+        (1, 2, 1, None, None),
+    ],
+)
+def test_cuda_device_index(local_rank, local_world, visible, gpus_on_node, index):
+    env = resolve({"RANK": str(local_rank), "WORLD_SIZE": "8", "LOCAL_RANK": str(local_rank),
                    "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "n1"})  # fmt: skip
-    if fails:
-        with pytest.raises(LaunchError, match="LOCAL_WORLD_SIZE.*visible GPUs"):
-            check_local_gpus(env, gpus)
+    environ = {"CUDA_VISIBLE_DEVICES": "0"}
+    if gpus_on_node:
+        environ["SLURM_GPUS_ON_NODE"] = gpus_on_node
+    if index is None:
+        with pytest.raises(LaunchError, match="LOCAL_WORLD_SIZE.*visible GPUs.*--gpus-per-node"):
+            cuda_device_index(env, visible, environ)
     else:
-        check_local_gpus(env, gpus)  # no CUDA in use (0 GPUs) is gloo on CPU: fine
+        assert cuda_device_index(env, visible, environ) == index
 
 
 def test_dist_timeout_variable(monkeypatch):
@@ -575,7 +590,7 @@ def test_cli_export_feeds_a_shell():
     step = slurm_step(1, 0, 1, 2, "localhost,node2", "1(x2)", SLURM_GPUS_ON_NODE="2")
     script = (
         'eval "$(python -m common.env --export)"; '
-        'echo "$MASTER_ADDR $MASTER_PORT $NNODES $NODE_RANK $WORLD_SIZE $RANK $NPROC_PER_NODE"'
+        'echo "$MASTER_ADDR $MASTER_PORT $NNODES $NODE_RANK $NPROC_PER_NODE ${RANK-unset}"'
     )
     path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     proc = subprocess.run(
@@ -587,7 +602,7 @@ def test_cli_export_feeds_a_shell():
         cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["localhost", str(15000 + 1234), "2", "1", "2", "1", "2"]
+    assert proc.stdout.split() == ["localhost", str(15000 + 1234), "2", "1", "2", "unset"]
 
 
 def test_cli_export_quotes_values():
@@ -595,7 +610,17 @@ def test_cli_export_quotes_values():
     assert proc.returncode == 0, proc.stderr
     exports = dict(shlex.split(line)[1].split("=", 1) for line in proc.stdout.splitlines())
     assert exports["MASTER_ADDR"] == "localhost" and exports["MASTER_PORT"] == "23002"
-    assert {"NNODES", "NODE_RANK", "WORLD_SIZE", "NPROC_PER_NODE"} <= set(exports)
+    assert set(exports) == {"MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "NPROC_PER_NODE"}
+
+
+def test_cli_export_in_the_batch_script():
+    """The batch script is one process, but what it exports serves the whole job."""
+    batch = {**BATCH_SCRIPT, "SLURMD_NODENAME": "localhost", "SLURM_GPUS_ON_NODE": "2"}
+    proc = run_cli("--export", **batch)
+    assert proc.returncode == 0, proc.stderr
+    exports = dict(shlex.split(line)[1].split("=", 1) for line in proc.stdout.splitlines())
+    assert exports == {"MASTER_ADDR": "localhost", "MASTER_PORT": str(master_port_for_job(77)),
+                       "NNODES": "2", "NODE_RANK": "0", "NPROC_PER_NODE": "2"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
