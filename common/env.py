@@ -181,9 +181,12 @@ def _torch_launcher(
     if "TORCHELASTIC_RUN_ID" not in environ:
         return "env"
     for cmdline in ancestors:
-        if "torch.distributed.launch" in cmdline:
+        program = cmdline.split()[:3]  # "python -m torch.distributed.launch", ".../bin/torchrun"
+        if "torch.distributed.launch" in program:
             return "torch.distributed.launch"
-        if "torchrun" in cmdline or "torch.distributed.run" in cmdline:
+        if "torch.distributed.run" in program or any(
+            os.path.basename(word) == "torchrun" for word in program
+        ):
             return "torchrun"
     return "torchrun"
 

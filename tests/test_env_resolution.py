@@ -318,6 +318,12 @@ LAUNCH_NO_PYTHON = "python -m torch.distributed.launch --use-env --no-python run
         (AGENT, ["t.py"], ["bash run.sh", LAUNCH_NO_PYTHON], "torch.distributed.launch"),
         (AGENT, ["t.py", "--local-rank=0"], [], "torch.distributed.launch"),
         (AGENT, ["t.py"], [], "torchrun"),
+        (
+            AGENT,
+            ["t.py"],
+            ["bash lessons/04_torchrun_enroot/x.sh", LAUNCH],
+            "torch.distributed.launch",
+        ),
         ({"RANK": "0"}, ["t.py"], ["bash"], "env"),
     ],
 )
