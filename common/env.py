@@ -9,7 +9,8 @@ it depends on who started it.  We look, in this order:
    ``TORCHELASTIC_RUN_ID``.  ``RANK``/``WORLD_SIZE`` set by hand count here too (launcher "env").
 2. srun: every SLURM task gets ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the
    description of its job step (``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST``,
-   ``SLURM_STEP_TASKS_PER_NODE``).
+   ``SLURM_STEP_TASKS_PER_NODE``).  The batch script itself is not a task of any step: it is
+   one process even when the job asked for many tasks.
 3. ``torch.multiprocessing.spawn``: the child only knows its index; the caller passes it here
    together with the number of processes spawned per node.
 4. Nothing: a single plain process, rank 0 of 1.
