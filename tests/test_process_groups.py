@@ -48,6 +48,8 @@ def check_allreduce(stdout, launcher):
         assert r["local_rank"] == r["rank"]
         assert r["launcher"] == launcher
         assert r["backend"] == "gloo"
+        # init_distributed shares this machine's CPUs among the 2 local processes.
+        assert r["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
     assert ranks[0]["master_port"] == ranks[1]["master_port"]
 
 

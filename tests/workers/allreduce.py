@@ -23,7 +23,8 @@ def work(env):
     try:
         value = torch.tensor([float(ctx.env.rank + 1)])
         torch.distributed.all_reduce(value)
-        line = json.dumps({**ctx.env.as_dict(), "backend": ctx.backend, "sum": value.item()})
+        info = {"backend": ctx.backend, "sum": value.item(), "threads": torch.get_num_threads()}
+        line = json.dumps({**ctx.env.as_dict(), **info})
         # One write per line: ranks share the pipe, so a separate newline could interleave.
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
