@@ -1,0 +1,645 @@
+"""Helpers for the lesson notebooks: find the course, show its files, run its commands and jobs.
+
+Every lesson folder has one ``lesson.ipynb`` that an instructor runs top to bottom on a laptop
+CPU.  The notebooks never keep a copy of the lesson's code: they read it from the lesson's
+files (:func:`show_code`), run it as a small local gloo world (:func:`run`), show what a
+SLURM task would see (:func:`whoami`, :func:`slurm_task`), and submit the real job script
+when a SLURM cluster answers (:func:`submit_or_sample`).
+
+The notebooks are stored with their outputs, so they read well on a code host.  Re-run them
+after changing a lesson, from the course root:
+
+    python -m common.notebook execute lessons/*/lesson.ipynb   # run, store outputs, normalise
+    python -m common.notebook check lessons/*/lesson.ipynb     # unexecuted or noisy? exit 1
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+# Variables a launcher or SLURM sets for a process.  A notebook started inside an allocation
+# (jupyter under salloc) must not hand its own to the commands it runs as examples.
+_LAUNCH_VARS = re.compile(
+    r"^(SLURM_|SLURMD_|SBATCH_|SRUN_|TORCHELASTIC_|TORCH_ELASTIC_)|^(RANK|LOCAL_RANK|WORLD_SIZE|"
+    r"LOCAL_WORLD_SIZE|GROUP_RANK|GROUP_WORLD_SIZE|ROLE_RANK|ROLE_WORLD_SIZE|MASTER_ADDR|"
+    r"MASTER_PORT|NODE_RANK|NNODES)$"
+)
+# A line printed by one process of a job: "rank 3/4 ..." or "... process 3/4".
+_RANK_LINE = re.compile(r"\b(?:rank|process) (\d+)/\d+")
+
+ROOT: Path | None = None
+
+
+def find_root(start: Path | None = None) -> Path:
+    """The course root: the first folder at or above ``start`` (default: cwd) with common/."""
+    start = Path.cwd() if start is None else Path(start)
+    for folder in (start, *start.parents):
+        if (folder / "common" / "notebook.py").is_file() and (folder / "lessons").is_dir():
+            return folder.resolve()
+    raise FileNotFoundError(f"no course root (a folder with common/ and lessons/) above {start}")
+
+
+def setup(root: Path | None = None) -> Path:
+    """Make the course importable here and in every command the notebook runs."""
+    global ROOT
+    ROOT = find_root() if root is None else Path(root).resolve()
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    return ROOT
+
+
+def _root() -> Path:
+    return ROOT if ROOT is not None else setup()
+
+
+def rel(path: str | os.PathLike) -> str:
+    """``path`` relative to the course root where it lies inside it (for printing)."""
+    p = Path(path)
+    try:
+        return str(p.resolve().relative_to(_root()))
+    except ValueError:
+        return str(p)
+
+
+# --------------------------------------------------------------------------- show code
+
+
+def _display_markdown(text: str) -> None:
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))
+
+
+def code_excerpt(path: str | os.PathLike, *names: str) -> tuple[str, str]:
+    """The text of ``path`` (relative to the course root), or of its top-level definitions
+    ``names`` (functions/classes, with their decorators) joined by blank lines.
+
+    Returns (header, code).  A name that is not defined in the file is a ValueError, so a
+    notebook notices when the lesson's code was renamed.
+    """
+    file = _root() / path
+    text = file.read_text()
+    if not names:
+        return f"`{path}`", text.rstrip("\n")
+    lines = text.splitlines()
+    found = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+            found[node.name] = (first, node.end_lineno)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise ValueError(f"{path} defines no {', '.join(missing)} (it has {', '.join(found)})")
+    parts, spans = [], []
+    for name in names:
+        first, last = found[name]
+        parts.append("\n".join(lines[first - 1 : last]))
+        spans.append(f"{first}-{last}")
+    return f"`{path}` lines {', '.join(spans)}", "\n\n".join(parts)
+
+
+def show_code(path: str | os.PathLike, *names: str) -> None:
+    """Show a lesson file (or some of its functions) as highlighted code, read from disk."""
+    header, code = code_excerpt(path, *names)
+    lang = {".py": "python", ".sh": "bash"}.get(Path(path).suffix, "")
+    _display_markdown(f"{header}\n\n```{lang}\n{code}\n```")
+
+
+# --------------------------------------------------------------------------- run commands
+
+
+def clean_environ(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without launcher/SLURM variables, plus the course on
+    PYTHONPATH and this Python's bin/ on PATH (for torchrun), plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not _LAUNCH_VARS.match(k)}
+    root = str(_root())
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra or {})
+    return env
+
+
+def order_by_rank(text: str) -> str:
+    """Put the lines that name a rank ("rank 3/4", "process 3/4") in rank order.
+
+    Processes print at the same time, so the order of their lines changes from run to run.
+    Lines of one rank keep their order, and every other line keeps its place.
+    """
+    lines = text.splitlines()
+    slots = [i for i, line in enumerate(lines) if _RANK_LINE.search(line)]
+    ranked = sorted(
+        (lines[i] for i in slots), key=lambda line: int(_RANK_LINE.search(line).group(1))
+    )
+    for i, line in zip(slots, ranked, strict=True):
+        lines[i] = line
+    return "\n".join(lines) + ("\n" if text.endswith("\n") else "")
+
+
+@dataclasses.dataclass
+class Result:
+    command: str
+    returncode: int
+    output: str
+
+    def _ipython_display_(self) -> None:
+        """The output was printed already; as a cell's last value, show nothing more."""
+
+
+def run(
+    command: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 60,
+    expect: int | None = 0,
+    ranked: bool = False,
+    show: bool = True,
+    quiet_env: bool = False,
+) -> Result:
+    """Run a command from the course root and print it with its output (stdout and stderr).
+
+    ``env`` adds variables to a clean environment (see :func:`clean_environ`); they are shown
+    in front of the command unless ``quiet_env``.  ``ranked`` orders the lines of the
+    processes by rank (see :func:`order_by_rank`).  A run that takes longer than ``timeout``
+    seconds is killed, with everything it started.  An exit status other than ``expect``
+    raises RuntimeError (None: any status is fine).
+    """
+    argv = shlex.split(command) if isinstance(command, str) else list(command)
+    shown = shlex.join(argv)
+    if env and not quiet_env:
+        shown = " ".join(f"{k}={shlex.quote(str(v))}" for k, v in env.items()) + " " + shown
+    proc = subprocess.Popen(
+        argv,
+        cwd=_root(),
+        env=clean_environ({k: str(v) for k, v in (env or {}).items()}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: a timeout kills the workers too
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        if show:
+            print(f"$ {shown}\n{output}")
+        raise RuntimeError(f"{shown!r} did not finish within {timeout} s (killed)") from None
+    if ranked:
+        output = order_by_rank(output)
+    if show:
+        print(f"$ {shown}")
+        print(output, end="" if output.endswith("\n") or not output else "\n")
+        if proc.returncode:
+            print(f"[exit status {proc.returncode}]")
+    if expect is not None and proc.returncode != expect:
+        raise RuntimeError(f"{shown!r} exited with {proc.returncode}, expected {expect}")
+    return Result(shown, proc.returncode, output)
+
+
+# --------------------------------------------------------------------------- what a task sees
+
+
+def slurm_task(
+    nodes: int,
+    tasks_per_node: int,
+    node: int,
+    local: int,
+    *,
+    job_id: int = 4242,
+    gpus_per_node: int | None = None,
+    prefix: str = "node",
+) -> dict[str, str]:
+    """The SLURM variables srun gives task ``local`` on node ``node`` (0-based) of a job step
+    with ``nodes`` x ``tasks_per_node`` tasks on nodes named node1, node2, ..."""
+    if not (0 <= node < nodes and 0 <= local < tasks_per_node):
+        raise ValueError(f"no task {local} on node {node} in a {nodes}x{tasks_per_node} step")
+    hosts = f"{prefix}[1-{nodes}]" if nodes > 1 else f"{prefix}1"
+    counts = f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node)
+    gpus = tasks_per_node if gpus_per_node is None else gpus_per_node
+    env = {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOB_NODELIST": hosts,
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_NTASKS": str(nodes * tasks_per_node),
+        "SLURM_TASKS_PER_NODE": counts,
+        "SLURM_STEP_ID": "0",
+        "SLURM_STEP_NODELIST": hosts,
+        "SLURM_STEP_NUM_TASKS": str(nodes * tasks_per_node),
+        "SLURM_STEP_TASKS_PER_NODE": counts,
+        "SLURM_NODEID": str(node),
+        "SLURM_PROCID": str(node * tasks_per_node + local),
+        "SLURM_LOCALID": str(local),
+    }
+    if gpus:
+        env["SLURM_GPUS_ON_NODE"] = str(gpus)
+    return env
+
+
+def torchrun_worker(
+    nodes: int, nproc: int, node: int, local: int, *, master: str = "node1", port: int = 29500
+) -> dict[str, str]:
+    """The variables torchrun gives worker ``local`` of the agent on node ``node``."""
+    return {
+        "RANK": str(node * nproc + local),
+        "LOCAL_RANK": str(local),
+        "WORLD_SIZE": str(nodes * nproc),
+        "LOCAL_WORLD_SIZE": str(nproc),
+        "GROUP_RANK": str(node),
+        "GROUP_WORLD_SIZE": str(nodes),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(port),
+        "TORCHELASTIC_RUN_ID": "none",
+    }
+
+
+_SHOWN_FIELDS = (
+    "rank",
+    "local_rank",
+    "world_size",
+    "local_world_size",
+    "node_rank",
+    "num_nodes",
+    "master_addr",
+    "master_port",
+    "launcher",
+)
+
+
+def whoami(environ: Mapping[str, str], **spawn) -> dict:
+    """What common.env makes of ``environ`` (and of an mp.spawn index: ``spawn_index=``,
+    ``spawn_nprocs=``), without the checks against this machine (host names, free ports).
+    Raises LaunchError, as the job would."""
+    from common.env import resolve_launch_env
+
+    env = resolve_launch_env(dict(environ), argv=[], check=False, **spawn)
+    return {k: v for k, v in env.as_dict().items() if k in _SHOWN_FIELDS}
+
+
+def show_whoami(environ: Mapping[str, str], **spawn) -> None:
+    """Print :func:`whoami` as one JSON line, or the LaunchError the job would stop with."""
+    from common.env import LaunchError
+
+    try:
+        print(json.dumps(whoami(environ, **spawn)))
+    except LaunchError as exc:
+        print(f"LaunchError: {exc}")
+
+
+# --------------------------------------------------------------------------- pictures
+
+
+def layout(environs: Iterable[Mapping[str, str]], **spawn) -> list[dict] | str:
+    """Resolve every process of a job; the LaunchError text if the job would stop."""
+    from common.env import LaunchError
+
+    try:
+        return [whoami(e, **s) for e, s in _pairs(environs, spawn)]
+    except LaunchError as exc:
+        return str(exc)
+
+
+def _pairs(environs, spawn):
+    for e in environs:
+        if isinstance(e, tuple):  # (environ, {"spawn_index": i, "spawn_nprocs": n})
+            yield e
+        else:
+            yield e, spawn
+
+
+def plot_layouts(layouts: Mapping[str, list[dict] | str], gpus_per_node: int = 2):
+    """One row per job layout: nodes as boxes, the processes on them as ranks on GPUs.
+
+    ``layouts`` maps a title to the resolved processes (:func:`layout`) or an error text.
+    """
+    import textwrap
+
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyBboxPatch
+
+    fig, axes = plt.subplots(len(layouts), 1, figsize=(8, 1.9 * len(layouts)), squeeze=False)
+    colors = plt.get_cmap("tab10").colors
+    for ax, (title, procs) in zip(axes[:, 0], layouts.items(), strict=True):
+        ax.set_title(title, fontsize=10, loc="left")
+        ax.set_axis_off()
+        ax.set_xlim(0, 8)
+        ax.set_ylim(0, 2)
+        if isinstance(procs, str):
+            ax.text(
+                0.1,
+                1.0,
+                "\n".join(textwrap.wrap(procs, 105)),
+                fontsize=8,
+                color="darkred",
+                va="center",
+                family="monospace",
+            )
+            continue
+        nodes = max(p["num_nodes"] for p in procs)
+        width = 8 / nodes
+        for n in range(nodes):
+            x0 = n * width + 0.1
+            ax.add_patch(
+                FancyBboxPatch(
+                    (x0, 0.1), width - 0.2, 1.8, boxstyle="round,pad=0.02", fc="#f2f2f2", ec="gray"
+                )
+            )
+            ax.text(x0 + 0.1, 1.7, f"node {n}", fontsize=9, va="center")
+            on_node = sorted(
+                (p for p in procs if p["node_rank"] == n), key=lambda p: p["local_rank"]
+            )
+            slots = max(gpus_per_node, len(on_node))
+            slot_w = (width - 0.4) / slots
+            for p in on_node:
+                x = x0 + 0.1 + p["local_rank"] * slot_w
+                ax.add_patch(
+                    FancyBboxPatch(
+                        (x + 0.05, 0.3),
+                        slot_w - 0.1,
+                        1.1,
+                        boxstyle="round,pad=0.02",
+                        fc=colors[p["rank"] % 10],
+                        alpha=0.8,
+                        ec="none",
+                    )
+                )
+                ax.text(
+                    x + slot_w / 2,
+                    0.85,
+                    f"rank {p['rank']}\nlocal {p['local_rank']}\nGPU {p['local_rank']}",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                    color="white",
+                )
+    _show(fig)
+
+
+def _show(fig) -> None:
+    """Display a figure once (as a PNG) and close it, so the cell shows no second copy."""
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+
+    display(fig)
+    plt.close(fig)
+
+
+def plot_history(rows: list[dict], title: str = ""):
+    """Loss and test accuracy per epoch (rows from lesson 03's ``parse_log``)."""
+    import matplotlib.pyplot as plt
+
+    epochs = [r["epoch"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.2))
+    left.plot(epochs, [r["train_loss"] for r in rows], "o-", label="train loss")
+    left.plot(epochs, [r["test_loss"] for r in rows], "s-", label="test loss")
+    left.set_xlabel("epoch")
+    left.set_ylabel("cross-entropy")
+    left.legend()
+    right.plot(epochs, [r["test_acc"] for r in rows], "o-", color="tab:green")
+    right.set_xlabel("epoch")
+    right.set_ylabel("test accuracy (%)")
+    for ax in (left, right):
+        ax.set_xticks(epochs)
+        ax.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    _show(fig)
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def cluster_state(timeout: float = 10) -> str | None:
+    """None when a SLURM cluster answers and has a node free for work, else why not.
+
+    ``COURSE_NOTEBOOK_SUBMIT=0`` in the environment turns submission off (say, on a login
+    node during a talk): the notebooks then show the stored outputs.
+    """
+    if os.environ.get("COURSE_NOTEBOOK_SUBMIT", "1") == "0":
+        return "COURSE_NOTEBOOK_SUBMIT=0"
+    try:
+        out = subprocess.run(
+            ["sinfo", "--noheader", "--format=%T"], capture_output=True, text=True, timeout=timeout
+        )
+    except FileNotFoundError:
+        return "sinfo is not installed"
+    except subprocess.TimeoutExpired:
+        return f"sinfo did not answer within {timeout} s"
+    if out.returncode:
+        return "sinfo failed: " + (out.stderr.strip().splitlines() or ["?"])[-1]
+    states = [s.strip().rstrip("*~#$@") for s in out.stdout.split()]
+    if not any(s in ("idle", "mixed") for s in states):
+        return "no node is idle (" + (", ".join(states) or "no nodes") + ")"
+    return None
+
+
+def _sbatch_option(script: Path, name: str) -> str | None:
+    for line in script.read_text().splitlines():
+        m = re.match(rf"#SBATCH\s+--{name}[= ](\S+)", line)
+        if m:
+            return m.group(1)
+    return None
+
+
+def sample_outputs(script: str | os.PathLike) -> list[Path]:
+    """Stored output files of real runs of ``script``, kept in its lesson folder.
+
+    They are named as SLURM named them: ``<job-name>-<id>.out`` for scripts that set
+    ``--output=%x-%j.out``, ``slurm-<id>.out`` otherwise.
+    """
+    file = _root() / script
+    name = _sbatch_option(file, "job-name")
+    pattern = f"{name}-*.out" if name and _sbatch_option(file, "output") else "slurm-*.out"
+    return sorted(file.parent.glob(pattern))
+
+
+def submit(
+    script: str,
+    *args: str,
+    timeout: float = 180,
+    expect: int | None = 0,
+    env: Mapping[str, str] | None = None,
+) -> Result:
+    """``sbatch --wait`` a job script from the course root, then print its output file.
+
+    The output goes to runs/notebooks/ (not the course root).  A job still running after
+    ``timeout`` seconds is cancelled.
+    """
+    out_dir = _root() / "runs" / "notebooks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    argv = ["sbatch", "--wait", "--parsable", f"--output={rel(out_dir)}/%x-%j.out", script, *args]
+    print("$ " + shlex.join(argv))
+    proc = subprocess.Popen(
+        argv,
+        cwd=_root(),
+        env=clean_environ(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    job_id = (proc.stdout.readline().strip().split(";") or [""])[0]
+    start = time.monotonic()
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if job_id:
+            subprocess.run(["scancel", job_id], check=False)
+        proc.kill()
+        proc.communicate()
+        raise RuntimeError(f"job {job_id} of {script} ran past {timeout} s; cancelled") from None
+    files = sorted(out_dir.glob(f"*-{job_id}.out")) if job_id else []
+    output = files[0].read_text() if files else ""
+    print(
+        f"job {job_id} ended with exit code {proc.returncode} after "
+        f"{time.monotonic() - start:.0f} s; {rel(files[0]) if files else 'no output file'}:"
+    )
+    print(output, end="" if output.endswith("\n") or not output else "\n")
+    if err.strip():
+        print(err.strip())
+    if expect is not None and proc.returncode != expect:
+        raise RuntimeError(
+            f"job {job_id} ({script}) exited with {proc.returncode}, expected {expect}"
+        )
+    return Result(shlex.join(argv), proc.returncode, output)
+
+
+def submit_or_sample(
+    script: str,
+    *args: str,
+    timeout: float = 180,
+    expect: int | None = 0,
+    env: Mapping[str, str] | None = None,
+) -> Result | None:
+    """Submit ``script`` when the cluster is up; otherwise say so and print a stored sample.
+
+    Returns the job's Result, or None when a stored sample was shown.
+    """
+    why = cluster_state()
+    if why is None:
+        return submit(script, *args, timeout=timeout, expect=expect, env=env)
+    samples = sample_outputs(script)
+    if not samples:
+        print(f"No SLURM cluster here ({why}), and no stored sample output of {script} yet.")
+        return None
+    print(f"No SLURM cluster here ({why}); stored output of a real run of {script}:")
+    print(f"=== {rel(samples[-1])}")
+    print(samples[-1].read_text(), end="")
+    return None
+
+
+# --------------------------------------------------------------------------- notebook files
+
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+LANGUAGE_INFO = {
+    "codemirror_mode": {"name": "ipython", "version": 3},
+    "file_extension": ".py",
+    "mimetype": "text/x-python",
+    "name": "python",
+    "nbconvert_exporter": "python",
+    "pygments_lexer": "ipython3",
+}
+# Cell metadata worth keeping; everything else (execution timings, scroll state) is noise.
+_CELL_METADATA = ("tags",)
+
+
+def normalise(nb) -> None:
+    """Drop what changes from run to run without meaning anything: timings, Python version,
+    scroll state.  Execution counts become 1, 2, 3, ... in cell order."""
+    nb.metadata = {"kernelspec": dict(KERNELSPEC), "language_info": dict(LANGUAGE_INFO)}
+    count = 0
+    for cell in nb.cells:
+        cell.metadata = {k: v for k, v in cell.metadata.items() if k in _CELL_METADATA}
+        if cell.cell_type == "code":
+            count += 1
+            cell.execution_count = count
+            for out in cell.outputs:
+                out.pop("transient", None)
+                if "execution_count" in out:
+                    out["execution_count"] = count
+
+
+def problems(nb) -> list[str]:
+    """Why this stored notebook is not fit to commit (empty list: it is fine)."""
+    found = []
+    if nb.metadata.get("kernelspec") != KERNELSPEC:
+        found.append(f"kernelspec is {nb.metadata.get('kernelspec')}, expected {KERNELSPEC}")
+    if nb.metadata.get("language_info") != LANGUAGE_INFO:
+        found.append("language_info differs from the normalised one (e.g. a Python version)")
+    extra = set(nb.metadata) - {"kernelspec", "language_info"}
+    if extra:
+        found.append(f"notebook metadata carries {sorted(extra)}")
+    count = 0
+    for index, cell in enumerate(nb.cells):
+        extra = set(cell.metadata) - set(_CELL_METADATA)
+        if extra:
+            found.append(f"cell {index} metadata carries {sorted(extra)}")
+        if cell.cell_type != "code":
+            continue
+        count += 1
+        if cell.execution_count != count:
+            found.append(
+                f"cell {index}: execution_count {cell.execution_count}, expected "
+                f"{count} (not executed top to bottom)"
+            )
+        if not cell.outputs:
+            found.append(f"cell {index}: no output (not executed?)")
+        for out in cell.outputs:
+            if out.output_type == "error":
+                found.append(f"cell {index}: stored with an error ({out.get('ename')})")
+    return found
+
+
+def execute(path: str | os.PathLike, timeout: float = 600) -> float:
+    """Run a notebook top to bottom in its own folder, store outputs, normalise; seconds taken."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    path = Path(path).resolve()
+    nb = nbformat.read(path, as_version=4)
+    start = time.monotonic()
+    NotebookClient(
+        nb,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(path.parent)}},
+    ).execute()
+    seconds = time.monotonic() - start
+    normalise(nb)
+    nbformat.validate(nb)
+    nbformat.write(nb, path)
+    return seconds
+
+
+def _main(argv: Sequence[str]) -> int:
+    import nbformat
+
+    usage = "usage: python -m common.notebook execute|check NOTEBOOK.ipynb..."
+    if len(argv) < 2 or argv[0] not in ("execute", "check"):
+        print(usage, file=sys.stderr)
+        return 2
+    status = 0
+    for name in argv[1:]:
+        if argv[0] == "execute":
+            print(f"{name}: executed in {execute(name):.1f} s", flush=True)
+        else:
+            found = problems(nbformat.read(name, as_version=4))
+            for line in found:
+                print(f"{name}: {line}")
+            status |= bool(found)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
