@@ -1,0 +1,143 @@
+#!/bin/bash
+# shellcheck disable=SC2034  # variables used by the scripts that source this file
+# Shared by cluster/up.sh and cluster/down.sh (sourced, not run).
+
+# Everything the cluster writes at run time lives under this one directory,
+# so that down.sh can remove it and the next up.sh starts clean.
+CLUSTER_ROOT=${COURSE_CLUSTER_ROOT:-/var/lib/course-cluster}
+LOG_DIR=$CLUSTER_ROOT/log
+RUN_DIR=$CLUSTER_ROOT/run
+SLURM_CONF=/etc/slurm/slurm.conf
+GRES_CONF=/etc/slurm/gres.conf
+HOSTS_FILE=/etc/hosts
+HOSTS_BEGIN="# BEGIN course-cluster (managed by cluster/up.sh)"
+HOSTS_END="# END course-cluster"
+MUNGE_PIDFILE=/run/munge/munged.pid
+LOCK_FILE=$CLUSTER_ROOT.lock
+
+die() {
+    echo "cluster: error: $*" >&2
+    exit 1
+}
+
+note() {
+    echo "cluster: $*" >&2
+}
+
+# start_daemon LOG CMD...: run CMD (which daemonizes itself) with stdin from
+# /dev/null, output appended to LOG, and every other inherited file descriptor
+# closed, so that no daemon keeps a caller's lock file (flock) open for ever.
+start_daemon() {
+    local log=$1
+    shift
+    (
+        local fd
+        for fd in /proc/"$BASHPID"/fd/*; do
+            fd=${fd##*/}
+            if ((fd > 2)); then
+                eval "exec $fd>&-" 2>/dev/null || true
+            fi
+        done
+        exec "$@" </dev/null >>"$log" 2>&1
+    )
+}
+
+# Take the cluster's own lock so that two up/down runs never interleave.
+take_lock() {
+    exec 9>"$LOCK_FILE"
+    flock -w 300 9 || die "another cluster/up.sh or down.sh held $LOCK_FILE for 300 s"
+}
+
+# pid_alive PID NAME: PID runs a program called NAME.
+pid_alive() {
+    local pid=$1 name=$2 comm
+    [[ $pid =~ ^[0-9]+$ ]] || return 1
+    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
+    [[ $comm == "$name" ]]
+}
+
+# Lines "name pid" of every daemon up.sh started (RUN_DIR/daemons).
+recorded_daemons() {
+    [[ -f $RUN_DIR/daemons ]] && cat "$RUN_DIR/daemons"
+    return 0
+}
+
+# UTS namespaces of our nodes (RUN_DIR/uts): any process inside one of them
+# belongs to a node of this cluster (slurmstepd, job tasks).
+processes_in_node_namespaces() {
+    local ns pid
+    [[ -f $RUN_DIR/uts ]] || return 0
+    for pid in /proc/[0-9]*; do
+        pid=${pid#/proc/}
+        ns=$(readlink "/proc/$pid/ns/uts" 2>/dev/null) || continue
+        if grep -qxF "$ns" "$RUN_DIR/uts"; then
+            echo "$pid"
+        fi
+    done
+}
+
+# stop_pids SIGNAL_WAIT_SECONDS PID...: TERM, wait, then KILL what is left.
+stop_pids() {
+    local wait_s=$1 pid left i
+    shift
+    [[ $# -gt 0 ]] || return 0
+    kill -TERM "$@" 2>/dev/null || true
+    for ((i = 0; i < wait_s * 10; i++)); do
+        left=()
+        for pid in "$@"; do
+            [[ -d /proc/$pid ]] && left+=("$pid")
+        done
+        [[ ${#left[@]} -eq 0 ]] && return 0
+        sleep 0.1
+    done
+    kill -KILL "${left[@]}" 2>/dev/null || true
+    sleep 0.2
+}
+
+# Stop everything up.sh started, by recorded pid; then remove run-time state.
+stop_cluster() {
+    local name pid pids=() stray
+    if [[ -f $RUN_DIR/daemons ]]; then
+        # Cancel jobs first so slurmd can clean up its steps while it still runs.
+        if pid_alive "$(awk '$1=="slurmctld"{print $2}' "$RUN_DIR/daemons")" slurmctld; then
+            timeout 10 scancel --full --quiet --user=root >/dev/null 2>&1 || true
+            timeout 10 scancel --full --quiet >/dev/null 2>&1 || true
+        fi
+        # Job steps and tasks first, then slurmd, slurmctld, and munge last.
+        mapfile -t stray < <(processes_in_node_namespaces)
+        for name in slurmd slurmctld munged; do
+            while read -r n pid; do
+                [[ $n == "$name" ]] && pid_alive "$pid" "$name" && pids+=("$pid")
+            done < <(recorded_daemons)
+        done
+        local steps=()
+        for pid in "${stray[@]}"; do
+            pid_alive "$pid" slurmd || steps+=("$pid")
+        done
+        stop_pids 5 "${steps[@]}"
+        for name in slurmd slurmctld munged; do
+            local these=()
+            while read -r n pid; do
+                [[ $n == "$name" ]] && pid_alive "$pid" "$name" && these+=("$pid")
+            done < <(recorded_daemons)
+            stop_pids 10 "${these[@]}"
+        done
+        mapfile -t stray < <(processes_in_node_namespaces)
+        stop_pids 2 "${stray[@]}"
+        # Verify: nothing we started may survive.
+        local survivors=()
+        while read -r n pid; do
+            pid_alive "$pid" "$n" && survivors+=("$n:$pid")
+        done < <(recorded_daemons)
+        mapfile -t stray < <(processes_in_node_namespaces)
+        for pid in "${stray[@]}"; do
+            survivors+=("$(cat "/proc/$pid/comm" 2>/dev/null):$pid")
+        done
+        if [[ ${#survivors[@]} -gt 0 ]]; then
+            die "could not stop: ${survivors[*]}"
+        fi
+    fi
+    rm -rf "${CLUSTER_ROOT:?}/state" "${CLUSTER_ROOT:?}/spool" "${CLUSTER_ROOT:?}/run" \
+        "$CLUSTER_ROOT/shape"
+    rm -f /run/munge/munged.pid
+}

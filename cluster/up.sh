@@ -1,0 +1,307 @@
+#!/bin/bash
+# shellcheck source-path=SCRIPTDIR
+# Start (or confirm) the local SLURM cluster: munge, one slurmctld and one
+# slurmd per node, all on this machine, each node with its own hostname.
+# Returns once every node is idle. See cluster/README.md.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+
+NODES=2
+GPUS=2
+CPUS=64
+MEM=256000
+WAIT_S=${COURSE_CLUSTER_WAIT_S:-60}
+
+usage() {
+    cat <<EOF
+Usage: bash cluster/up.sh [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--mem-per-node MB]
+
+Start the local SLURM cluster (nodes node1..nodeN) and return once every node is idle.
+Running it again with the same shape changes nothing; another shape restarts the cluster.
+
+  --nodes N            number of nodes (default $NODES, at most 200)
+  --gpus-per-node G    "GPUs" per node, bookkeeping only (default $GPUS, at most 16)
+  --cpus-per-node C    CPUs each node declares (default $CPUS)
+  --mem-per-node MB    memory each node declares, in MB (default $MEM)
+  -h, --help           show this help
+
+Logs: $LOG_DIR   Stop: bash cluster/down.sh
+EOF
+}
+
+# set_int FLAG VALUE MIN MAX: validate an integer flag value.
+set_int() {
+    local flag=$1 value=$2 min=$3 max=$4
+    [[ $value =~ ^[0-9]+$ ]] || die "$flag needs a whole number, got '$value' (see --help)"
+    value=$((10#$value))
+    ((value >= min && value <= max)) || die "$flag must be between $min and $max, got $value"
+    REPLY=$value
+}
+
+while [[ $# -gt 0 ]]; do
+    arg=$1
+    case $arg in
+    -h | --help)
+        usage
+        exit 0
+        ;;
+    --nodes=* | --gpus-per-node=* | --cpus-per-node=* | --mem-per-node=*)
+        flag=${arg%%=*}
+        value=${arg#*=}
+        shift
+        ;;
+    --nodes | --gpus-per-node | --cpus-per-node | --mem-per-node)
+        flag=$arg
+        [[ $# -ge 2 ]] || die "$flag needs a value (see --help)"
+        value=$2
+        shift 2
+        ;;
+    *)
+        die "unknown option '$arg' (known: --nodes --gpus-per-node --cpus-per-node --mem-per-node --help)"
+        ;;
+    esac
+    case $flag in
+    --nodes) set_int "$flag" "$value" 1 200 && NODES=$REPLY ;;
+    --gpus-per-node) set_int "$flag" "$value" 0 16 && GPUS=$REPLY ;;
+    --cpus-per-node) set_int "$flag" "$value" 1 4096 && CPUS=$REPLY ;;
+    --mem-per-node) set_int "$flag" "$value" 1 100000000 && MEM=$REPLY ;;
+    esac
+done
+
+[[ $(id -u) -eq 0 ]] || die "run as root: it starts system daemons and writes /etc/slurm and /etc/hosts"
+
+CTL_NAME=course-ctl
+# Every daemon and node name sits on 127.0.0.1 (nodes differ by port): SLURM
+# answers a client on the address the client's connection came from, and on
+# loopback that source address is always 127.0.0.1.
+CLUSTER_ADDR=127.0.0.1
+CTL_ADDR=$CLUSTER_ADDR
+CTL_PORT=6817
+NODE_PORT_BASE=6900
+SHAPE="nodes=$NODES gpus-per-node=$GPUS cpus-per-node=$CPUS mem-per-node=$MEM"
+GPU_DEV_PREFIX=/dev/course-gpu
+
+
+install_packages() {
+    local missing=()
+    command -v slurmctld >/dev/null || missing+=(slurmctld)
+    command -v slurmd >/dev/null || missing+=(slurmd)
+    command -v sbatch >/dev/null || missing+=(slurm-client)
+    command -v munged >/dev/null || missing+=(munge)
+    [[ ${#missing[@]} -eq 0 ]] && return 0
+    note "installing ${missing[*]} with apt-get"
+    # Keep package scripts from starting their own daemons: up.sh starts them.
+    local policy=/usr/sbin/policy-rc.d added_policy=0
+    if [[ ! -e $policy ]]; then
+        printf '#!/bin/sh\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        added_policy=1
+    fi
+    local rc=0
+    {
+        DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+                slurmctld slurmd slurm-client munge
+    } >"$CLUSTER_ROOT/apt.log" 2>&1 || rc=$?
+    ((added_policy)) && rm -f "$policy"
+    ((rc == 0)) || die "apt-get install failed (exit $rc); see $CLUSTER_ROOT/apt.log"
+}
+
+# render TEMPLATE KEY=VALUE...: print TEMPLATE with every @KEY@ replaced.
+render() {
+    local text kv
+    text=$(<"$1")
+    shift
+    for kv in "$@"; do
+        text=${text//@${kv%%=*}@/${kv#*=}}
+    done
+    printf '%s\n' "$text"
+}
+
+render_configs() {
+    local i node_lines="" gres_lines="" node_list="node[1-$NODES]" gres=""
+    ((NODES == 1)) && node_list=node1
+    ((GPUS > 0)) && gres=" Gres=gpu:$GPUS"
+    for ((i = 1; i <= NODES; i++)); do
+        node_lines+="NodeName=node$i NodeHostname=node$i NodeAddr=$CLUSTER_ADDR"
+        node_lines+=" Port=$((NODE_PORT_BASE + i)) CPUs=$CPUS RealMemory=$MEM$gres State=UNKNOWN"$'\n'
+    done
+    if ((GPUS > 0)); then
+        local files="${GPU_DEV_PREFIX}0"
+        ((GPUS > 1)) && files="${GPU_DEV_PREFIX}[0-$((GPUS - 1))]"
+        gres_lines="NodeName=$node_list Name=gpu File=$files"
+    fi
+    # Binding to the hostname's address keeps slurmd (and srun) off other
+    # interfaces; it needs this machine's own name to resolve to 127.0.0.1 too,
+    # since srun started from a login shell listens on that address.
+    local comm="NoCtldInAddrAny,NoInAddrAny" host_addr
+    host_addr=$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR==1{print $1}')
+    if [[ $host_addr != "$CLUSTER_ADDR" ]]; then
+        comm="NoCtldInAddrAny"
+        note "warning: this machine's name '$(hostname)' resolves to '${host_addr:-nothing}'," \
+            "not $CLUSTER_ADDR: slurmd will listen on all interfaces (see cluster/README.md)"
+    fi
+    SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
+        "COMM_PARAMS=$comm" \
+        "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" \
+        "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list")
+    GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
+}
+
+hosts_block() {
+    local i
+    echo "$HOSTS_BEGIN"
+    local names="$CTL_NAME"
+    for ((i = 1; i <= NODES; i++)); do
+        names+=" node$i"
+    done
+    echo "$CLUSTER_ADDR $names"
+    echo "$HOSTS_END"
+}
+
+# Replace our marked block in /etc/hosts (in place: the file may be a mount).
+write_hosts() {
+    local current new
+    current=$(<"$HOSTS_FILE")
+    new=$(awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" \
+        '$0==b{skip=1} !skip{print} $0==e{skip=0}' "$HOSTS_FILE")
+    new+=$'\n'$(hosts_block)
+    [[ $new == "$current" ]] || printf '%s\n' "$new" >"$HOSTS_FILE"
+}
+
+# Is the cluster already running with exactly this configuration?
+already_up() {
+    [[ -f $CLUSTER_ROOT/shape && $(<"$CLUSTER_ROOT/shape") == "$SHAPE" ]] || return 1
+    [[ -f $SLURM_CONF && $(<"$SLURM_CONF") == "$SLURM_CONF_TEXT" ]] || return 1
+    [[ -f $GRES_CONF && $(<"$GRES_CONF") == "$GRES_CONF_TEXT" ]] || return 1
+    local n pid count=0
+    while read -r n pid; do
+        pid_alive "$pid" "$n" || return 1
+        count=$((count + 1))
+    done < <(recorded_daemons)
+    ((count >= NODES + 1)) || return 1
+    # Nodes busy with other people's jobs are fine; down or drained ones are not.
+    local states
+    states=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null) || return 1
+    [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
+    ! grep -qvE ' (idle|mix|alloc|comp)$' <<<"$states"
+}
+
+start_munge() {
+    local key=/etc/munge/munge.key
+    mkdir -p /etc/munge /run/munge /var/lib/munge /var/log/munge
+    if [[ ! -s $key ]]; then
+        note "creating a munge key"
+        dd if=/dev/urandom of="$key" bs=1024 count=1 status=none
+    fi
+    chown munge:munge /etc/munge /run/munge /var/lib/munge /var/log/munge "$key"
+    chmod 0700 /etc/munge
+    chmod 0400 "$key"
+    # A munged that already answers (the system's own) is used as it is.
+    if timeout 5 munge -n </dev/null 2>/dev/null | timeout 5 unmunge >/dev/null 2>&1; then
+        return 0
+    fi
+    rm -f /run/munge/munge.socket.2 /run/munge/munge.socket.2.lock "$MUNGE_PIDFILE"
+    start_daemon "$LOG_DIR/start.log" runuser -u munge -- munged --pid-file="$MUNGE_PIDFILE" ||
+        die "munged did not start; see /var/log/munge/munged.log and $LOG_DIR/start.log"
+    local i
+    for ((i = 0; i < 50; i++)); do
+        [[ -s $MUNGE_PIDFILE ]] && break
+        sleep 0.1
+    done
+    pid_alive "$(cat "$MUNGE_PIDFILE" 2>/dev/null)" munged ||
+        die "munged did not stay up; see /var/log/munge/munged.log"
+    echo "munged $(<"$MUNGE_PIDFILE")" >>"$RUN_DIR/daemons"
+}
+
+# wait_pidfile FILE NAME LOG: wait for a daemon's pid file, record the pid.
+wait_pidfile() {
+    local file=$1 name=$2 log=$3 i pid=""
+    for ((i = 0; i < 100; i++)); do
+        pid=$(cat "$file" 2>/dev/null || true)
+        pid_alive "$pid" "$name" && break
+        sleep 0.1
+    done
+    pid_alive "$pid" "$name" || die "$name did not start; see $log (last lines below)
+$(tail -n 20 "$log" 2>/dev/null)"
+    echo "$name $pid" >>"$RUN_DIR/daemons"
+    REPLY=$pid
+}
+
+start_slurm() {
+    # The controller gets its own hostname too, so that its address (and the
+    # one address it binds) comes from /etc/hosts, not from this machine's name.
+    start_daemon "$LOG_DIR/start.log" unshare --uts sh -c "hostname $CTL_NAME && exec slurmctld" ||
+        die "slurmctld did not start; see $LOG_DIR/slurmctld.log and $LOG_DIR/start.log"
+    wait_pidfile "$RUN_DIR/slurmctld.pid" slurmctld "$LOG_DIR/slurmctld.log"
+    local i pid
+    for ((i = 1; i <= NODES; i++)); do
+        mkdir -p "$CLUSTER_ROOT/spool/node$i"
+        start_daemon "$LOG_DIR/start.log" \
+            unshare --uts sh -c "hostname node$i && exec slurmd -N node$i" ||
+            die "slurmd for node$i did not start; see $LOG_DIR/slurmd-node$i.log"
+    done
+    for ((i = 1; i <= NODES; i++)); do
+        wait_pidfile "$RUN_DIR/slurmd-node$i.pid" slurmd "$LOG_DIR/slurmd-node$i.log"
+        readlink "/proc/$REPLY/ns/uts" >>"$RUN_DIR/uts"
+    done
+}
+
+wait_idle() {
+    local deadline=$((SECONDS + WAIT_S)) states=""
+    while ((SECONDS < deadline)); do
+        states=$(timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null || true)
+        if [[ -n $states && $(wc -l <<<"$states") -eq $NODES ]] &&
+            ! grep -qv ' idle$' <<<"$states"; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    die "nodes not idle after ${WAIT_S} s: ${states//$'\n'/, }
+logs: $LOG_DIR (slurmctld.log, slurmd-nodeN.log); last controller lines:
+$(tail -n 15 "$LOG_DIR/slurmctld.log" 2>/dev/null)"
+}
+
+mkdir -p "$CLUSTER_ROOT"
+take_lock
+install_packages
+render_configs
+
+if already_up; then
+    note "already up ($SHAPE)"
+    exit 0
+fi
+
+start_time=$SECONDS
+note "starting ($SHAPE)"
+stop_cluster
+# Anything slurm-like still running was not started by us: refuse to fight it.
+for name in slurmctld slurmd; do
+    if others=$(pgrep -x "$name"); then
+        die "a $name not started by cluster/up.sh is running (pid ${others//$'\n'/ }); stop it first"
+    fi
+done
+
+mkdir -p "$LOG_DIR" "$RUN_DIR" "$CLUSTER_ROOT/state" "$CLUSTER_ROOT/spool" /etc/slurm
+: >"$RUN_DIR/daemons"
+: >"$RUN_DIR/uts"
+for f in slurmctld.log start.log; do : >"$LOG_DIR/$f"; done
+rm -f "$LOG_DIR"/slurmd-node*.log
+
+write_hosts
+printf '%s\n' "$SLURM_CONF_TEXT" >"$SLURM_CONF"
+printf '%s\n' "$GRES_CONF_TEXT" >"$GRES_CONF"
+chmod 644 "$SLURM_CONF" "$GRES_CONF"
+for ((g = 0; g < GPUS; g++)); do
+    # Spare character devices (same numbers as /dev/null) stand in for GPUs.
+    [[ -c $GPU_DEV_PREFIX$g ]] || mknod -m 666 "$GPU_DEV_PREFIX$g" c 1 3
+done
+
+start_munge
+start_slurm
+wait_idle
+echo "$SHAPE" >"$CLUSTER_ROOT/shape"
+note "up in $((SECONDS - start_time)) s: $SHAPE; logs in $LOG_DIR"
