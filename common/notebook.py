@@ -339,7 +339,7 @@ def plot_layouts(layouts: Mapping[str, list[dict] | str], gpus_per_node: int = 2
             ax.text(
                 0.1,
                 1.0,
-                "\n".join(textwrap.wrap(procs, 105)),
+                "\n".join(textwrap.wrap(procs, 95)),
                 fontsize=8,
                 color="darkred",
                 va="center",
