@@ -150,7 +150,7 @@ def order_by_rank(text: str) -> str:
 @dataclasses.dataclass
 class Result:
     command: str
-    returncode: int
+    returncode: int | None
     output: str
 
     def _ipython_display_(self) -> None:
@@ -322,6 +322,7 @@ def plot_layouts(layouts: Mapping[str, list[dict] | str], gpus_per_node: int = 2
     """One row per job layout: nodes as boxes, the processes on them as ranks on GPUs.
 
     ``layouts`` maps a title to the resolved processes (:func:`layout`) or an error text.
+    A process may name its machine under "host" (default: "node <node_rank>").
     """
     import textwrap
 
@@ -346,19 +347,18 @@ def plot_layouts(layouts: Mapping[str, list[dict] | str], gpus_per_node: int = 2
                 family="monospace",
             )
             continue
-        nodes = max(p["num_nodes"] for p in procs)
-        width = 8 / nodes
-        for n in range(nodes):
+        # Processes are grouped by their "host" entry where given, else by node rank.
+        hosts = list(dict.fromkeys(_host(p) for p in procs))
+        width = 8 / len(hosts)
+        for n, host in enumerate(hosts):
             x0 = n * width + 0.1
             ax.add_patch(
                 FancyBboxPatch(
                     (x0, 0.1), width - 0.2, 1.8, boxstyle="round,pad=0.02", fc="#f2f2f2", ec="gray"
                 )
             )
-            ax.text(x0 + 0.1, 1.7, f"node {n}", fontsize=9, va="center")
-            on_node = sorted(
-                (p for p in procs if p["node_rank"] == n), key=lambda p: p["local_rank"]
-            )
+            ax.text(x0 + 0.1, 1.7, host, fontsize=9, va="center")
+            on_node = sorted((p for p in procs if _host(p) == host), key=lambda p: p["local_rank"])
             slots = max(gpus_per_node, len(on_node))
             slot_w = (width - 0.4) / slots
             for p in on_node:
@@ -384,6 +384,10 @@ def plot_layouts(layouts: Mapping[str, list[dict] | str], gpus_per_node: int = 2
                     color="white",
                 )
     _show(fig)
+
+
+def _host(proc: dict) -> str:
+    return proc.get("host", f"node {proc['node_rank']}")
 
 
 def _show(fig) -> None:
@@ -461,8 +465,10 @@ def sample_outputs(script: str | os.PathLike) -> list[Path]:
     """
     file = _root() / script
     name = _sbatch_option(file, "job-name")
-    pattern = f"{name}-*.out" if name and _sbatch_option(file, "output") else "slurm-*.out"
-    return sorted(file.parent.glob(pattern))
+    prefix = name if name and _sbatch_option(file, "output") else "slurm"
+    named = re.compile(rf"{re.escape(prefix)}-(\d+)\.out")
+    found = [(int(m.group(1)), p) for p in file.parent.iterdir() if (m := named.fullmatch(p.name))]
+    return [p for _, p in sorted(found)]
 
 
 def submit(
@@ -521,22 +527,28 @@ def submit_or_sample(
     timeout: float = 180,
     expect: int | None = 0,
     env: Mapping[str, str] | None = None,
-) -> Result | None:
-    """Submit ``script`` when the cluster is up; otherwise say so and print a stored sample.
+    sample: str | None = None,
+) -> Result:
+    """Submit ``script`` when the cluster is up; otherwise say so and print a stored sample
+    (the newest of :func:`sample_outputs`, or ``sample``, a file name in the lesson folder).
 
-    Returns the job's Result, or None when a stored sample was shown.
+    Returns the job's Result, or one with returncode None holding the sample's text (empty
+    when there is none).
     """
     why = cluster_state()
     if why is None:
         return submit(script, *args, timeout=timeout, expect=expect, env=env)
-    samples = sample_outputs(script)
+    folder = (_root() / script).parent
+    samples = [folder / sample] if sample else sample_outputs(script)
+    samples = [p for p in samples if p.is_file()]
     if not samples:
         print(f"No SLURM cluster here ({why}), and no stored sample output of {script} yet.")
-        return None
+        return Result(script, None, "")
     print(f"No SLURM cluster here ({why}); stored output of a real run of {script}:")
     print(f"=== {rel(samples[-1])}")
-    print(samples[-1].read_text(), end="")
-    return None
+    text = samples[-1].read_text()
+    print(text, end="")
+    return Result(script, None, text)
 
 
 # --------------------------------------------------------------------------- notebook files
