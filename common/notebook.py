@@ -116,6 +116,20 @@ def show_code(path: str | os.PathLike, *names: str) -> None:
     _display_markdown(f"{header}\n\n```{lang}\n{code}\n```")
 
 
+def import_file(path: str | os.PathLike):
+    """Import a lesson's script (relative to the course root) as a module, to use its helpers
+    (its ``if __name__ == "__main__"`` part does not run)."""
+    import importlib.util
+
+    file = _root() / path
+    name = "lesson_" + re.sub(r"\W", "_", str(Path(path).with_suffix("")))
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 # --------------------------------------------------------------------------- run commands
 
 

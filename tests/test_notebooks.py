@@ -1,0 +1,147 @@
+"""The instructor notebooks (lessons/*/lesson.ipynb) are stored executed, clean and current.
+
+Running them is nbval's job (see tests/nbval_sanitize.cfg for the command); these tests read
+the stored files only, so they take a second:
+
+* every lesson has exactly one notebook, lesson.ipynb;
+* it was saved after running top to bottom (every code cell has its execution count and an
+  output, no error) and carries no volatile metadata (timings, Python version);
+* the lesson code it shows is the code in the lesson's files today.
+
+After changing a lesson: `python -m common.notebook execute lessons/*/lesson.ipynb`.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from common import notebook  # noqa: E402
+
+LESSONS = sorted(p for p in (ROOT / "lessons").iterdir() if p.is_dir() and p.name[:2].isdigit())
+NOTEBOOKS = [lesson / "lesson.ipynb" for lesson in LESSONS]
+FIX = "re-run: python -m common.notebook execute "
+
+
+def _read(path: Path):
+    return nbformat.read(path, as_version=4)
+
+
+def test_every_lesson_is_there():
+    assert [p.name for p in LESSONS] == [
+        "01_hello_allreduce",
+        "02_launch_vs_srun",
+        "03_ddp_mnist",
+        "04_torchrun_enroot",
+    ]
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=lambda p: p.name)
+def test_one_notebook_per_lesson(lesson):
+    found = sorted(p.name for p in lesson.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+    assert found == ["lesson.ipynb"], f"{lesson.name}: expected only lesson.ipynb, found {found}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
+def test_stored_executed_and_clean(path):
+    nb = _read(path)
+    nbformat.validate(nb)
+    found = notebook.problems(nb)
+    assert not found, f"{path.relative_to(ROOT)}: " + "; ".join(found) + f" ({FIX}{path.name})"
+
+
+def _show_code_calls(source: str):
+    """The constant arguments of every nb.show_code(...) call in a cell."""
+    for node in ast.walk(ast.parse(source)):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "show_code"
+        ):
+            yield [ast.literal_eval(arg) for arg in node.args]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
+def test_shown_code_is_current(path):
+    notebook.setup(ROOT)
+    nb = _read(path)
+    shown = 0
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        calls = list(_show_code_calls(cell.source))
+        stored = [
+            o.data["text/markdown"] for o in cell.outputs if "text/markdown" in o.get("data", {})
+        ]
+        assert len(stored) == len(calls), f"{path.parent.name} cell {cell.id}: outputs missing"
+        for args, text in zip(calls, stored, strict=True):
+            header, code = notebook.code_excerpt(*args)
+            assert header in text and code in text, (
+                f"{path.parent.name}: the stored output of show_code{tuple(args)} is not the "
+                f"current file ({FIX}{path.relative_to(ROOT)})"
+            )
+            shown += 1
+    assert shown, f"{path.parent.name}: the notebook shows none of the lesson's code"
+
+
+def test_problems_catches_unexecuted_and_noisy_notebooks():
+    nb = _read(NOTEBOOKS[0])
+    assert notebook.problems(nb) == []
+
+    unexecuted = copy.deepcopy(nb)
+    for cell in unexecuted.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    found = notebook.problems(unexecuted)
+    assert any("no output" in p for p in found) and any("execution_count" in p for p in found)
+
+    noisy = copy.deepcopy(nb)
+    noisy.metadata["language_info"]["version"] = "3.11.7"
+    noisy.cells[1].metadata["execution"] = {"iopub.execute_input": "2026-01-01T00:00:00Z"}
+    found = notebook.problems(noisy)
+    assert any("language_info" in p for p in found) and any("execution" in p for p in found)
+
+    notebook.normalise(noisy)
+    assert notebook.problems(noisy) == []
+
+
+def test_order_by_rank_keeps_other_lines_in_place():
+    text = "world\nrank 1/2: b\nrank 0/2: a\nrank 1/2: c\nrank 0/2: d\nend\n"
+    assert notebook.order_by_rank(text) == (
+        "world\nrank 0/2: a\nrank 0/2: d\nrank 1/2: b\nrank 1/2: c\nend\n"
+    )
+
+
+def test_slurm_task_examples_resolve_to_every_rank_once():
+    # The made-up SLURM environments of the notebooks must be ones common.env accepts,
+    # numbering the processes node by node.
+    notebook.setup(ROOT)
+    procs = notebook.layout(
+        [notebook.slurm_task(2, 2, node, local) for node in range(2) for local in range(2)]
+    )
+    assert [(p["rank"], p["node_rank"], p["local_rank"]) for p in procs] == [
+        (0, 0, 0),
+        (1, 0, 1),
+        (2, 1, 0),
+        (3, 1, 1),
+    ]
+    assert {p["world_size"] for p in procs} == {4}
+    spawned = notebook.layout(
+        [
+            (
+                notebook.slurm_task(2, 1, node, 0, gpus_per_node=2),
+                {"spawn_index": i, "spawn_nprocs": 2},
+            )
+            for node in range(2)
+            for i in range(2)
+        ]
+    )
+    assert spawned == [{**p, "launcher": "mp.spawn"} for p in procs]
