@@ -14,9 +14,11 @@ from common.env import master_port_for_job  # noqa: E402
 
 def tagged(output, tag):
     """The JSON objects the job printed on lines starting with ``tag: ``, sorted by rank."""
-    prefix = f"{tag}: "
+    prefix = f"{tag}: {{"
     rows = [
-        json.loads(line[len(prefix) :]) for line in output.splitlines() if line.startswith(prefix)
+        json.loads(line[len(prefix) - 1 :])
+        for line in output.splitlines()
+        if line.startswith(prefix)
     ]
     return sorted(rows, key=lambda r: r["rank"])
 

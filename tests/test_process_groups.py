@@ -6,6 +6,7 @@ rank+1 over 2 processes and prints one JSON line per rank; 1 + 2 = 3 everywhere.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -51,6 +52,7 @@ def check_allreduce(stdout, launcher):
         # init_distributed shares this machine's CPUs among the 2 local processes.
         assert r["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
     assert ranks[0]["master_port"] == ranks[1]["master_port"]
+    assert re.findall(r"print0 from rank \d+", stdout) == ["print0 from rank 0"]
 
 
 def run(cmd, **extra):

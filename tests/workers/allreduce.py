@@ -14,13 +14,14 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from common.dist import cleanup, init_distributed  # noqa: E402
+from common.dist import cleanup, init_distributed, print0  # noqa: E402
 from common.env import resolve_launch_env  # noqa: E402
 
 
 def work(env):
     ctx = init_distributed(env)  # timeout from COURSE_DIST_TIMEOUT
     try:
+        print0(f"print0 from rank {ctx.env.rank}")
         value = torch.tensor([float(ctx.env.rank + 1)])
         torch.distributed.all_reduce(value)
         info = {"backend": ctx.backend, "sum": value.item(), "threads": torch.get_num_threads()}
