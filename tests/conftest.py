@@ -1,0 +1,229 @@
+"""Shared fixtures: the local SLURM cluster (cluster/up.sh) and helpers to run jobs on it.
+
+Tests that use the ``cluster`` fixture (directly or through ``sbatch_wait`` / ``srun``) are
+marked ``cluster`` and run after every other test, so a quick run of the unit tests is not held
+up by starting daemons: ``pytest -m "not cluster"`` skips them altogether.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER_LOG_DIR = Path("/var/lib/course-cluster/log")
+UP_TIMEOUT_S = 900  # includes apt-get on a machine without the packages
+
+# Variables that would point the test's commands at another allocation or site.
+_FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cluster: needs the local SLURM cluster (cluster/up.sh); runs after the rest"
+    )
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Mark tests that need the cluster and move them to the end (order otherwise kept)."""
+    uses_cluster = []
+    for item in items:
+        needs = "cluster" in getattr(item, "fixturenames", ())
+        if needs:
+            item.add_marker(pytest.mark.cluster)
+        uses_cluster.append(needs)
+    items[:] = [i for i, n in zip(items, uses_cluster, strict=True) if not n] + [
+        i for i, n in zip(items, uses_cluster, strict=True) if n
+    ]
+
+
+def job_environ(env: dict[str, str] | None = None) -> dict[str, str]:
+    """os.environ without SLURM/SBATCH/SRUN/SALLOC variables, updated with ``env``."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}
+    clean.update(env or {})
+    return clean
+
+
+def _log_tail(lines: int = 25) -> str:
+    parts = []
+    for path in sorted(CLUSTER_LOG_DIR.glob("*.log")):
+        try:
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+        except OSError:
+            continue
+        parts.append(f"--- {path} (last {lines} lines)\n" + "\n".join(text))
+    return "\n".join(parts) or f"(no logs in {CLUSTER_LOG_DIR})"
+
+
+def run_up(*args: str, timeout: float = UP_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """Run ``bash cluster/up.sh ARGS``; fail the test with its output and the logs if it fails."""
+    cmd = ["bash", str(ROOT / "cluster" / "up.sh"), *args]
+    try:
+        proc = subprocess.run(
+            cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=job_environ()
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(
+            f"{shlex.join(cmd)} did not finish in {timeout} s\n{exc.stdout or ''}"
+            f"{exc.stderr or ''}\n{_log_tail()}",
+            pytrace=False,
+        )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"the local SLURM cluster did not start: {shlex.join(cmd)} exited "
+            f"{proc.returncode}\n{proc.stdout}{proc.stderr}\n{_log_tail()}",
+            pytrace=False,
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """The local SLURM cluster in its default shape (2 nodes node1,node2 x 2 GPUs), started once.
+
+    Fails (never skips) with the output of up.sh and the tail of the daemon logs when it cannot
+    start. It is left running afterwards: other sessions on this machine may be using it.
+    """
+    run_up()
+    return {"nodes": ["node1", "node2"], "gpus_per_node": 2}
+
+
+@dataclass
+class JobResult:
+    job_id: str | None
+    returncode: int
+    output: str
+    output_path: Path | None
+    stdout: str
+    stderr: str
+
+
+def _given_output(args: tuple[str, ...]) -> str | None:
+    for i, arg in enumerate(args):
+        if arg in ("-o", "--output") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--output="):
+            return arg.split("=", 1)[1]
+        if arg.startswith("-o") and len(arg) > 2:
+            return arg[2:]
+    return None
+
+
+def _script_sets_output(script: Path) -> bool:
+    try:
+        text = script.read_text(errors="replace")
+    except OSError:
+        return False
+    for line in re.findall(r"^#SBATCH\s+(.*)$", text, re.MULTILINE):
+        try:
+            tokens = tuple(shlex.split(line, comments=True))
+        except ValueError:
+            continue
+        if _given_output(tokens) is not None:
+            return True
+    return False
+
+
+def _scontrol_stdout(job_id: str) -> Path | None:
+    """The output file SLURM resolved for the job (its record stays MinJobAge after it ends)."""
+    try:
+        proc = subprocess.run(
+            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    match = re.search(r"\bStdOut=(\S+)", proc.stdout)
+    return Path(match[1]) if match and proc.returncode == 0 else None
+
+
+def _cancel(job_id: str | None) -> None:
+    if job_id:
+        subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+
+
+@pytest.fixture
+def sbatch_wait(cluster, tmp_path):
+    """A function that submits a job script with ``sbatch --wait`` and returns a JobResult.
+
+    ``sbatch_wait(script, *sbatch_args, env=None, timeout=300)`` runs from the repository root;
+    the job's output goes to a temporary ``slurm-<jobid>.out`` unless ``--output`` is given on
+    the command line or in the script. On timeout the job is cancelled and the test fails.
+    """
+
+    def submit(script, *sbatch_args, env=None, timeout=300) -> JobResult:
+        args = tuple(str(a) for a in sbatch_args)
+        script_path = Path(script) if Path(script).is_absolute() else ROOT / script
+        extra = []
+        if _given_output(args) is None and not _script_sets_output(script_path):
+            extra = [f"--output={tmp_path}/slurm-%j.out"]
+        cmd = ["sbatch", "--wait", "--parsable", *extra, *args, str(script)]
+        try:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                env=job_environ(env),
+            )  # fmt: skip
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
+            job_id = out.strip().split(";")[0] or None
+            path = _scontrol_stdout(job_id) if job_id else None
+            _cancel(job_id)
+            text = path.read_text(errors="replace") if path and path.exists() else ""
+            pytest.fail(
+                f"job {job_id} ({shlex.join(cmd)}) still running after {timeout} s; cancelled.\n"
+                f"output so far ({path}):\n{text[-4000:]}",
+                pytrace=False,
+            )
+        first = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
+        job_id = first.split(";")[0] or None
+        path = None
+        if job_id:
+            path = _scontrol_stdout(job_id)
+            given = _given_output(args) or (extra[0].split("=", 1)[1] if extra else None)
+            if path is None and given:
+                path = Path(given.replace("%j", job_id))
+                path = path if path.is_absolute() else ROOT / path
+        output = path.read_text(errors="replace") if path and path.exists() else ""
+        return JobResult(job_id, proc.returncode, output, path, proc.stdout, proc.stderr)
+
+    return submit
+
+
+@pytest.fixture
+def srun(cluster):
+    """A function that runs ``srun ARGS`` from the repository root and returns CompletedProcess.
+
+    ``srun(*args, env=None, timeout=120)``; on timeout srun is interrupted (which cancels its
+    step) and the test fails with what it printed.
+    """
+
+    def run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+        cmd = ["srun", *(str(a) for a in args)]
+        proc = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=job_environ(env), start_new_session=True,
+        )  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            # Two interrupts within a second make srun cancel the step and exit.
+            for _ in range(2):
+                proc.send_signal(signal.SIGINT)
+            try:
+                out, err = proc.communicate(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                out, err = proc.communicate()
+            pytest.fail(
+                f"{shlex.join(cmd)} still running after {timeout} s; interrupted.\n{out}{err}",
+                pytrace=False,
+            )
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+    return run
