@@ -20,9 +20,8 @@ worker=$COURSE_ROOT/tests/workers/allreduce.py
 echo "batch: $(python -m common.env)"
 echo "export: $(python -m common.env --export | tr '\n' ' ')"
 
-# srun starts the 4 tasks; every one prints what it sees, then they all_reduce.
+# srun starts the 4 tasks; every one prints what it sees.
 srun python -m common.env | sed 's/^/step: /'
-srun python "$worker" | sed 's/^/slurm: /'
 
 # One task per node, mp.spawn starts 2 processes in each.
 srun --nodes=2 --ntasks=2 --ntasks-per-node=1 python "$worker" --spawn 2 | sed 's/^/spawn: /'
