@@ -35,10 +35,11 @@ class DistContext:
         return self.env.rank == 0
 
 
-def pick_backend_and_device(env: LaunchEnv) -> tuple[str, torch.device]:
+def pick_backend_and_device(env: LaunchEnv | None = None) -> tuple[str, torch.device]:
     """NCCL on cuda:<local_rank> when CUDA devices are visible, else gloo on the CPU."""
     if not torch.cuda.is_available():
         return "gloo", torch.device("cpu")
+    env = resolve_launch_env() if env is None else env
     return "nccl", torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
 
 
