@@ -316,10 +316,12 @@ def _from_torch_launcher(environ, argv, ancestors, step):
                 f"{step.ntasks} (one agent per srun task)."
             )
 
+    if (local_rank is None) != (local_world_size is None):
+        raise LaunchError(
+            "Only one of LOCAL_RANK and LOCAL_WORLD_SIZE is set; set both or neither."
+        )
     if local_rank is None:  # one node, as with two processes started by hand
         local_rank, local_world_size = rank, world_size
-    if local_world_size is None:
-        raise LaunchError("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not; set both or neither.")
     if node_rank is None:
         node_rank = rank // local_world_size if local_world_size else 0
     if num_nodes is None:

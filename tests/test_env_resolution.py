@@ -382,7 +382,13 @@ ERROR_CASES = [
         "local-rank-without-size",
         {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_RANK": "0"},
         {},
-        ["LOCAL_WORLD_SIZE"],
+        ["LOCAL_RANK", "LOCAL_WORLD_SIZE"],
+    ),
+    (
+        "local-size-without-rank",
+        {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"},
+        {},
+        ["LOCAL_RANK", "LOCAL_WORLD_SIZE"],
     ),
     (
         "local-rank-too-big",
