@@ -28,11 +28,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from common.dist import cleanup, init_distributed, print0
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
+from common.dist import cleanup, init_distributed, print0
 from common.mnist import load_mnist, normalize
 
 # Exit status that tells job.sh "stopped on request, checkpoint written, please requeue me".
@@ -147,6 +147,24 @@ def set_rng_states(states: dict) -> None:
     random.setstate(states["python"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def settle_gradient_buckets(ddp_model: DDP, sample: torch.Tensor) -> None:
+    """One throwaway backward pass (zero gradients, no optimizer step, no statistics updated).
+
+    DDP sums gradients in buckets, and after the first backward pass it reorders its buckets to
+    match the order in which gradients became ready. With more than two ranks, the position of a
+    gradient in its bucket decides the order in which the ranks' values are added up, and so the
+    last bit of the sum. A resumed run would make its first step with the initial layout where the
+    uninterrupted run used the reordered one: close, but not the same weights. Settling the layout
+    before the first real step, in every run, makes a resumed run repeat an uninterrupted one bit
+    for bit.
+    """
+    ddp_model.eval()  # BatchNorm uses (and keeps) its running statistics
+    ddp_model(sample).sum().mul(0.0).backward()
+    ddp_model.train()
+    for p in ddp_model.parameters():
+        p.grad = None
 
 
 # --------------------------------------------------------------------------- evaluation
@@ -281,13 +299,11 @@ def train(args: argparse.Namespace, ctx) -> int:
         start_epoch, start_step = ckpt["epoch"], ckpt["step"]
         if env.rank == 0:  # the partial epoch's loss was summed over all ranks when saved
             carried = ckpt["epoch_loss"].to(device)
-        where = f"epoch {start_epoch + 1}, step {start_step}" if start_step else "the start of "
-        where = where if start_step else f"{where}epoch {start_epoch + 1}"
-        print0(f"resumed from {args.checkpoint} at {where}")
 
     # Gradients are averaged across ranks during backward(). On a GPU each process drives the
     # device common/ chose for it (cuda:<local_rank>); on CPU there is no device to name.
     ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    settle_gradient_buckets(ddp_model, train_x[:2])
 
     def checkpoint(epoch: int, step: int, epoch_loss: torch.Tensor) -> None:
         if args.checkpoint is None:
@@ -318,6 +334,10 @@ def train(args: argparse.Namespace, ctx) -> int:
         f"{steps_per_epoch} steps per epoch, device {device}, backend {ctx.backend}, "
         f"{torch.get_num_threads()} CPU thread(s) per rank"
     )
+    if start_epoch or start_step:
+        where = f"epoch {start_epoch + 1}, step {start_step}" if start_step else "the start of "
+        where = where if start_step else f"{where}epoch {start_epoch + 1}"
+        print0(f"resumed from {args.checkpoint} at {where}")
     epoch_times: list[float] = []
     for epoch in range(start_epoch, args.epochs):
         # A different shuffle every epoch, the same on every rank (so shards never overlap).
