@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # Lesson 04 settings, sourced by the job scripts (run_script.sh, run_rdzv.sh, run_standalone.sh).
-# Everything here can be overridden from the environment at submit time, e.g.
-#     CONTAINER_NAME=my-torch sbatch lessons/04_torchrun_enroot/run_script.sh
+# Edit them here, or override the COURSE_* / ENROOT_* / TORCHRUN_* ones at submit time, e.g.
+#     COURSE_CONTAINER_NAME=my-torch sbatch lessons/04_torchrun_enroot/run_script.sh
 
 # ---- Job size -------------------------------------------------------------
 # N nodes x M processes per node: WORLD_SIZE = N * M, ranks 0..WORLD_SIZE-1,
@@ -9,30 +9,30 @@
 # Read them from the allocation instead of typing them a second time: the
 # #SBATCH lines are the one place the size is written, so the two cannot
 # disagree. One process per GPU; where SLURM reports no GPUs, 2 per node.
-NNODES=${NNODES:-${SLURM_JOB_NUM_NODES:-2}}
-NPROC_PER_NODE=${NPROC_PER_NODE:-${SLURM_GPUS_ON_NODE:-2}}
+NNODES=${SLURM_JOB_NUM_NODES:-2}
+NPROC_PER_NODE=${SLURM_GPUS_ON_NODE:-2}
 WORLD_SIZE=$((NNODES * NPROC_PER_NODE))
 
 # How long torchrun waits for all nodes to join before giving up (seconds).
 # torchrun's own default is 600-900 s: a node that never arrives would hold the
 # whole allocation for a quarter of an hour before anything is printed.
-RDZV_TIMEOUT=${RDZV_TIMEOUT:-60}
+RDZV_TIMEOUT=${TORCHRUN_RDZV_TIMEOUT:-60}
 
 # torchrun writes one stdout/stderr file per worker under this directory,
 # one sub-directory per node, so a failure can be traced to its node.
-LOG_ROOT=${LOG_ROOT:-${COURSE_ROOT:-.}/runs/lesson04-logs}
+LOG_ROOT=${TORCHRUN_LOG_ROOT:-$COURSE_ROOT/runs/lesson04-logs}
 
 # ---- Container (enroot) ---------------------------------------------------
 # Where the image comes from, and the squashfs file `enroot import` turns it
 # into. The file lives on a shared filesystem so it is imported only once.
-CONTAINER_URI=${CONTAINER_URI:-docker://nvcr.io#nvidia/pytorch:25.01-py3}
-CONTAINER_IMAGE=${CONTAINER_IMAGE:-$HOME/enroot-images/nvidia+pytorch+25.01-py3.sqsh}
+CONTAINER_URI=${COURSE_CONTAINER_URI:-docker://nvcr.io#nvidia/pytorch:25.01-py3}
+CONTAINER_IMAGE=${COURSE_CONTAINER_IMAGE:-$HOME/enroot-images/nvidia+pytorch+25.01-py3.sqsh}
 # `enroot create --name` unpacks the image into $ENROOT_DATA_PATH/<name>; later
 # jobs find it there and skip the (slow) unpacking.
-CONTAINER_NAME=${CONTAINER_NAME:-course-torch}
+CONTAINER_NAME=${COURSE_CONTAINER_NAME:-course-torch}
 # The course directory is mounted at the same path inside the container, so
 # every path in these scripts means the same thing on both sides.
-CONTAINER_MOUNT=${CONTAINER_MOUNT:-$COURSE_ROOT:$COURSE_ROOT}
+CONTAINER_MOUNT=$COURSE_ROOT:$COURSE_ROOT
 
 # enroot_data_path: the directory enroot unpacks containers into, found the way
 # enroot itself finds it: the ENROOT_DATA_PATH environment variable wins, then

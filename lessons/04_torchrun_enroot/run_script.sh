@@ -35,10 +35,10 @@ LOG_DIR=$LOG_ROOT/$SLURM_JOB_ID
 mapfile -t JOB_NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")
 MASTER_ADDR=${JOB_NODES[0]}
 # A port derived from the job id, so two jobs sharing a node do not collide.
-MASTER_PORT=${MASTER_PORT:-$(python -c 'import sys; from common.env import master_port_for_job
-print(master_port_for_job(sys.argv[1]))' "$SLURM_JOB_ID")}
+MASTER_PORT=$(python -c 'import sys; from common.env import master_port_for_job
+print(master_port_for_job(sys.argv[1]))' "$SLURM_JOB_ID")
 # The elastic form names the rendezvous; the job id is unique and the same on every node.
-RDZV_ID=${RDZV_ID:-lesson04-$SLURM_JOB_ID}
+RDZV_ID=lesson04-$SLURM_JOB_ID
 JOB_NODE_LIST=${JOB_NODES[*]}
 export TORCHRUN_FORM LOG_DIR MASTER_ADDR MASTER_PORT RDZV_ID JOB_NODE_LIST LESSON_DIR
 

@@ -87,6 +87,7 @@ def main() -> None:
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     print0(f"weights identical on all {env.world_size} ranks: {bool(low == high)}")
     print0(f"done: world_size {env.world_size} = {env.num_nodes} nodes x {env.local_world_size}")
+    del ddp_model  # DDP holds the process group; release it before the group is destroyed
     cleanup()
 
 
