@@ -14,6 +14,7 @@ GPUS=2
 CPUS=64
 MEM=256000
 WAIT_S=${COURSE_CLUSTER_WAIT_S:-60}
+CHECK_ONLY=0
 
 usage() {
     cat <<EOF
@@ -26,6 +27,7 @@ Running it again with the same shape changes nothing; another shape restarts the
   --gpus-per-node G    "GPUs" per node, bookkeeping only (default $GPUS, at most 16)
   --cpus-per-node C    CPUs each node declares (default $CPUS)
   --mem-per-node MB    memory each node declares, in MB (default $MEM)
+  --check              change nothing: exit 0 if the cluster is up in this shape, else 1
   -h, --help           show this help
 
 Logs: $LOG_DIR   Stop: bash cluster/down.sh
@@ -48,6 +50,11 @@ while [[ $# -gt 0 ]]; do
         usage
         exit 0
         ;;
+    --check)
+        CHECK_ONLY=1
+        shift
+        continue
+        ;;
     --nodes=* | --gpus-per-node=* | --cpus-per-node=* | --mem-per-node=*)
         flag=${arg%%=*}
         value=${arg#*=}
@@ -60,7 +67,7 @@ while [[ $# -gt 0 ]]; do
         shift 2
         ;;
     *)
-        die "unknown option '$arg' (known: --nodes --gpus-per-node --cpus-per-node --mem-per-node --help)"
+        die "unknown option '$arg' (known: --nodes --gpus-per-node --cpus-per-node --mem-per-node --check --help)"
         ;;
     esac
     case $flag in
@@ -267,12 +274,16 @@ $(tail -n 15 "$LOG_DIR/slurmctld.log" 2>/dev/null)"
 
 mkdir -p "$CLUSTER_ROOT"
 take_lock
-install_packages
+((CHECK_ONLY)) || install_packages
 render_configs
 
 if already_up; then
     note "already up ($SHAPE)"
     exit 0
+fi
+if ((CHECK_ONLY)); then
+    note "not up in this shape ($SHAPE)"
+    exit 1
 fi
 
 start_time=$SECONDS

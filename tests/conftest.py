@@ -7,11 +7,14 @@ up by starting daemons: ``pytest -m "not cluster"`` skips them altogether.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import shlex
 import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +23,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_LOG_DIR = Path("/var/lib/course-cluster/log")
 UP_TIMEOUT_S = 900  # includes apt-get on a machine without the packages
+
+# Everyone on this machine shares one cluster: jobs are submitted and the cluster is
+# (re)started only while holding this lock (``flock /tmp/course-cluster.lock CMD`` in a shell).
+LOCK_PATH = "/tmp/course-cluster.lock"
+LOCK_TIMEOUT_S = 1800
 
 # Variables that would point the test's commands at another allocation or site.
 _FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
@@ -49,6 +57,55 @@ def job_environ(env: dict[str, str] | None = None) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_PREFIXES)}
     clean.update(env or {})
     return clean
+
+
+def _ancestor_holds_lock() -> bool:
+    """Was this pytest started under ``flock LOCK_PATH ...`` (a parent has the lock file open)?"""
+    pid = os.getppid()
+    while pid > 1:
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") == LOCK_PATH:
+                        return True
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+    return False
+
+
+_lock_depth = 0
+
+
+@contextlib.contextmanager
+def cluster_lock(timeout: float = LOCK_TIMEOUT_S):
+    """Hold the shared cluster lock (re-entrant; a no-op when pytest runs under ``flock``)."""
+    global _lock_depth
+    if _lock_depth > 0 or _ancestor_holds_lock():
+        _lock_depth += 1
+        try:
+            yield
+        finally:
+            _lock_depth -= 1
+        return
+    with open(LOCK_PATH, "a") as f:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{LOCK_PATH} stayed locked for {timeout} s", pytrace=False)
+                time.sleep(0.5)
+        _lock_depth += 1
+        try:
+            yield
+        finally:
+            _lock_depth -= 1
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _log_tail(lines: int = 25) -> str:
@@ -91,7 +148,14 @@ def cluster():
     Fails (never skips) with the output of up.sh and the tail of the daemon logs when it cannot
     start. It is left running afterwards: other sessions on this machine may be using it.
     """
-    run_up()
+    # Already up in this shape: nothing to change, so no need to wait for the shared lock.
+    check = subprocess.run(
+        ["bash", str(ROOT / "cluster" / "up.sh"), "--check"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=job_environ(),
+    )  # fmt: skip
+    if check.returncode != 0:
+        with cluster_lock():
+            run_up()
     return {"nodes": ["node1", "node2"], "gpus_per_node": 2}
 
 
@@ -148,6 +212,12 @@ def _cancel(job_id: str | None) -> None:
         subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
 
 
+@pytest.fixture(name="cluster_lock")
+def cluster_lock_fixture():
+    """The shared-cluster lock as a context manager factory: ``with cluster_lock(): ...``."""
+    return cluster_lock
+
+
 @pytest.fixture
 def sbatch_wait(cluster, tmp_path):
     """A function that submits a job script with ``sbatch --wait`` and returns a JobResult.
@@ -165,10 +235,11 @@ def sbatch_wait(cluster, tmp_path):
             extra = [f"--output={tmp_path}/slurm-%j.out"]
         cmd = ["sbatch", "--wait", "--parsable", *extra, *args, str(script)]
         try:
-            proc = subprocess.run(
-                cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                env=job_environ(env),
-            )  # fmt: skip
+            with cluster_lock():
+                proc = subprocess.run(
+                    cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                    env=job_environ(env),
+                )  # fmt: skip
         except subprocess.TimeoutExpired as exc:
             out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else exc.stdout or ""
             job_id = out.strip().split(";")[0] or None
@@ -204,26 +275,30 @@ def srun(cluster):
     """
 
     def run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
-        cmd = ["srun", *(str(a) for a in args)]
-        proc = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=job_environ(env), start_new_session=True,
-        )  # fmt: skip
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            # Two interrupts within a second make srun cancel the step and exit.
-            for _ in range(2):
-                proc.send_signal(signal.SIGINT)
-            try:
-                out, err = proc.communicate(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                out, err = proc.communicate()
-            pytest.fail(
-                f"{shlex.join(cmd)} still running after {timeout} s; interrupted.\n{out}{err}",
-                pytrace=False,
-            )
-        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+        with cluster_lock():
+            return _srun(["srun", *(str(a) for a in args)], env, timeout)
 
     return run
+
+
+def _srun(cmd, env, timeout) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=job_environ(env), start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        # Two interrupts within a second make srun cancel the step and exit.
+        for _ in range(2):
+            proc.send_signal(signal.SIGINT)
+        try:
+            out, err = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        pytest.fail(
+            f"{shlex.join(cmd)} still running after {timeout} s; interrupted.\n{out}{err}",
+            pytrace=False,
+        )
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

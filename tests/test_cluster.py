@@ -1,0 +1,249 @@
+"""The local SLURM cluster (cluster/up.sh, cluster/down.sh): real munge, slurmctld and slurmd.
+
+Flag checks run without daemons. Everything else runs on the cluster; the tests that stop or
+reshape it hold the shared cluster lock and always leave it up in the default shape.
+"""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+UP = ROOT / "cluster" / "up.sh"
+DOWN = ROOT / "cluster" / "down.sh"
+CLUSTER_ROOT = Path("/var/lib/course-cluster")
+DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
+PYTHON = sys.executable
+
+
+def run(*cmd, timeout=60, **kw):
+    return subprocess.run(
+        [str(c) for c in cmd], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kw
+    )
+
+
+def up(*args, timeout=300):
+    proc = run("bash", UP, *args, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def nodes():
+    """{node: (state, gres, cpus, memory_mb)} from sinfo."""
+    proc = run("sinfo", "-h", "-N", "-o", "%N|%t|%G|%c|%m", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split("|") for line in proc.stdout.split()]
+    return {name: (state, gres, int(cpus), int(mem)) for name, state, gres, cpus, mem in rows}
+
+
+def live_processes(names=DAEMONS):
+    """{pid: name} of running (not zombie) processes called one of ``names``."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        state = text[text.rindex(")") + 2]
+        if comm in names and state != "Z":
+            found[int(stat.parent.name)] = comm
+    return found
+
+
+def recorded_daemons():
+    path = CLUSTER_ROOT / "run" / "daemons"
+    return path.read_text().split("\n") if path.exists() else []
+
+
+# --------------------------------------------------------------------------- flags (no daemons)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--nodes", "two"], "--nodes needs a whole number, got 'two'"),
+        (["--gpus-per-node=1.5"], "--gpus-per-node needs a whole number, got '1.5'"),
+        (["--cpus-per-node", "-4"], "--cpus-per-node needs a whole number, got '-4'"),
+        (["--mem-per-node"], "--mem-per-node needs a value"),
+        (["--nodes", "0"], "--nodes must be between 1 and 200, got 0"),
+        (["--gpus"], "unknown option '--gpus'"),
+        (["node1"], "unknown option 'node1'"),
+    ],
+)
+def test_up_rejects_bad_flags_with_the_flag_named(args, message):
+    proc = run("bash", UP, *args, timeout=30)
+    assert proc.returncode != 0
+    assert message in proc.stderr, proc.stderr
+
+
+def test_up_and_down_help():
+    proc = run("bash", UP, "--help", timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    for flag in ("--nodes N", "--gpus-per-node G", "--cpus-per-node C", "--mem-per-node MB"):
+        assert flag in proc.stdout
+    assert run("bash", DOWN, "--help", timeout=30).returncode == 0
+    proc = run("bash", DOWN, "--force", timeout=30)
+    assert proc.returncode != 0 and "unknown option '--force'" in proc.stderr
+
+
+# --------------------------------------------------------------------------- default cluster
+
+
+def test_sinfo_shows_two_nodes_with_two_gpus(cluster):
+    found = nodes()
+    assert sorted(found) == ["node1", "node2"], found
+    for state, gres, cpus, mem in found.values():
+        # Idle unless someone else's job runs there right now.
+        assert state in ("idle", "mix", "alloc"), found
+        assert gres == "gpu:2" and cpus == 64 and mem == 256000, found
+
+
+def parse_tasks(text):
+    """Lines "hostname node procid localid nodeid cvd gpus_on_node step_gpus" by procid."""
+    tasks = {}
+    for line in text.splitlines():
+        host, node, procid, localid, nodeid, cvd, on_node, step = line.split()
+        tasks[int(procid)] = {
+            "host": host, "node": node, "localid": int(localid), "nodeid": int(nodeid),
+            "cvd": cvd, "on_node": on_node, "step_gpus": step,
+        }  # fmt: skip
+    return tasks
+
+
+TASK_REPORT = (
+    'echo "$(hostname) $SLURMD_NODENAME $SLURM_PROCID $SLURM_LOCALID $SLURM_NODEID'
+    ' ${CUDA_VISIBLE_DEVICES:-unset} ${SLURM_GPUS_ON_NODE:-unset} ${SLURM_STEP_GPUS:-unset}"'
+)
+
+
+@pytest.mark.parametrize(
+    "gpu_args, gpus_on_node, task_gpus",
+    [
+        (["--gres=gpu:2"], "2", ["0,1", "0,1"]),
+        (["--gpus-per-node=2"], "2", ["0,1", "0,1"]),
+        (["--gres=gpu:1"], "1", ["0", "0"]),
+        (["--gpus-per-task=1"], "2", ["0", "1"]),
+    ],
+)
+def test_srun_two_nodes_two_tasks_each(srun, gpu_args, gpus_on_node, task_gpus):
+    proc = srun("-N2", "--ntasks-per-node=2", *gpu_args, "bash", "-c", TASK_REPORT, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tasks = parse_tasks(proc.stdout)
+    assert sorted(tasks) == [0, 1, 2, 3], proc.stdout
+    for procid, t in tasks.items():
+        # Each task sees its own node's name, as on a real cluster; block distribution.
+        assert t["host"] == t["node"] == f"node{procid // 2 + 1}", t
+        assert t["nodeid"] == procid // 2 and t["localid"] == procid % 2, t
+        assert t["on_node"] == gpus_on_node, t
+        assert t["cvd"] == t["step_gpus"] or gpu_args == ["--gpus-per-task=1"], t
+    for node in ("node1", "node2"):
+        on_node = sorted((t["localid"], t["cvd"]) for t in tasks.values() if t["node"] == node)
+        assert on_node == [(0, task_gpus[0]), (1, task_gpus[1])], tasks
+
+
+def test_more_gpus_than_a_node_has_is_refused(srun):
+    proc = srun("-N1", "--gres=gpu:3", "true", timeout=60)
+    assert proc.returncode != 0
+    assert "Requested node configuration is not available" in proc.stderr, proc.stderr
+
+
+def test_sbatch_wait_returns_the_job_exit_code(sbatch_wait, tmp_path):
+    ok = tmp_path / "ok.sh"
+    ok.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=1 --gres=gpu:2 --cpus-per-task=8"
+        " --mem=64G --time=00:05:00\nset -euo pipefail\n"
+        'echo "batch on $(hostname)"\nsrun hostname | sort\n'
+    )
+    result = sbatch_wait(ok, timeout=120)
+    assert result.returncode == 0, result.output
+    assert result.output.split("\n") == ["batch on node1", "node1", "node2", ""], result.output
+    assert result.output_path == tmp_path / f"slurm-{result.job_id}.out"
+
+    failing = tmp_path / "fail.sh"
+    failing.write_text("#!/bin/bash\necho about to fail\nexit 7\n")
+    result = sbatch_wait(failing, timeout=120)
+    assert result.returncode == 7, (result.returncode, result.output)
+    assert result.output == "about to fail\n"
+
+    step_fails = tmp_path / "step_fails.sh"
+    step_fails.write_text("#!/bin/bash\nset -e\nsrun -N2 false\necho not reached\n")
+    result = sbatch_wait(step_fails, "--nodes=2", timeout=120)
+    assert result.returncode != 0 and "not reached" not in result.output, result.output
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(240)
+def test_gloo_all_reduce_between_nodes(srun):
+    env = {"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
+    proc = srun(
+        "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", PYTHON,
+        "tests/workers/cluster_allreduce.py", env=env, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = sorted((json.loads(line) for line in proc.stdout.splitlines()), key=lambda r: r["rank"])
+    assert [r["rank"] for r in rows] == [0, 1], proc.stdout
+    for r in rows:
+        assert r["sum"] == 3.0 and r["world_size"] == 2, r
+        assert r["hosts"] == ["node1", "node2"] and r["hostname"] == r["node"], r
+
+
+# --------------------------------------------------------------------------- stop / reshape
+
+
+@pytest.mark.timeout(600)
+def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun):
+    with cluster_lock():
+        try:
+            up()
+            before = recorded_daemons()
+            proc = up()
+            assert "already up" in proc.stderr, proc.stderr
+            assert recorded_daemons() == before  # same daemons, same pids: nothing changed
+
+            ours = {int(line.split()[1]) for line in before if line}
+            proc = run("bash", DOWN, timeout=120)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert not ours & set(live_processes()), live_processes()
+            assert not live_processes(("slurmctld", "slurmd", "slurmstepd"))
+            for stale in ("state", "spool", "run", "shape"):
+                assert not (CLUSTER_ROOT / stale).exists(), stale
+            assert run("bash", DOWN, timeout=60).returncode == 0  # down twice is fine
+
+            proc = up()
+            assert "starting" in proc.stderr, proc.stderr
+            assert {n: s[0] for n, s in nodes().items()} == {"node1": "idle", "node2": "idle"}
+            out = srun("-N2", "hostname", timeout=60)
+            assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
+        finally:
+            up()
+
+
+@pytest.mark.timeout(600)
+def test_second_shape_three_nodes_one_gpu_then_default_again(cluster, cluster_lock, srun):
+    with cluster_lock():
+        try:
+            up("--nodes", "3", "--gpus-per-node", "1", "--cpus-per-node", "8",
+               "--mem-per-node", "16000")  # fmt: skip
+            assert nodes() == {f"node{i}": ("idle", "gpu:1", 8, 16000) for i in (1, 2, 3)}
+            proc = srun("-N3", "--gres=gpu:1", "bash", "-c", TASK_REPORT, timeout=60)
+            assert proc.returncode == 0, proc.stderr
+            tasks = parse_tasks(proc.stdout)
+            assert [t["host"] for t in tasks.values()] == ["node1", "node2", "node3"]
+            assert all(t["cvd"] == "0" and t["on_node"] == "1" for t in tasks.values()), tasks
+            # The declared size is enforced: a job asking for more memory is refused at once.
+            proc = run("sbatch", "--mem=32000", "--wrap=true", timeout=30)
+            assert proc.returncode != 0, proc.stdout
+            assert "Requested node configuration is not available" in proc.stderr
+        finally:
+            up()
+        assert nodes() == {n: ("idle", "gpu:2", 64, 256000) for n in ("node1", "node2")}
