@@ -120,8 +120,9 @@ def test_hello_allreduce_refuses_to_spawn_inside_a_task_per_gpu_step():
     """srun already started 2 tasks on this node; spawning 2 more each is the double spawn."""
     host = socket.gethostname()
     step = dict(
-        SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0",
-        SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST=host, SLURM_STEP_TASKS_PER_NODE="2",
+        SLURM_JOB_ID="4242", SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_LOCALID="0",
+        SLURM_NODEID="0", SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NODELIST=host,
+        SLURM_STEP_TASKS_PER_NODE="2",
     )  # fmt: skip
     proc = run_lesson("hello_allreduce.py", "--nprocs", "2", **step)
     assert proc.returncode == 2, proc.stdout + proc.stderr
