@@ -284,13 +284,16 @@ def train(args: argparse.Namespace, ctx) -> int:
     carried = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples (resumed)
     if args.checkpoint is not None and args.checkpoint.exists():
         # Every rank reads the same file, so all of them start from identical state.
-        ckpt = torch.load(args.checkpoint, map_location=device, weights_only=False)
-        if ckpt["world_size"] != env.world_size or ckpt["steps_per_epoch"] != steps_per_epoch:
+        # (Loaded to the CPU: the RNG states must stay there; load_state_dict moves the rest.)
+        ckpt = torch.load(args.checkpoint, map_location="cpu", weights_only=False)
+        shape = (env.world_size, steps_per_epoch, args.epochs)
+        saved = (ckpt["world_size"], ckpt["steps_per_epoch"], ckpt["args"]["epochs"])
+        if saved != shape:
             raise SystemExit(
-                f"error: {args.checkpoint} was written by a run with world size "
-                f"{ckpt['world_size']} and {ckpt['steps_per_epoch']} steps per epoch; this one "
-                f"has {env.world_size} and {steps_per_epoch}. Resume with the same number of "
-                f"processes and --batch-size, or pass another --checkpoint."
+                f"error: {args.checkpoint} was written by a run with world size {saved[0]}, "
+                f"{saved[1]} steps per epoch and {saved[2]} epochs; this one has {shape[0]}, "
+                f"{shape[1]} and {shape[2]}. Resume with the same number of processes, "
+                f"--batch-size and --epochs, or pass another --checkpoint."
             )
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
