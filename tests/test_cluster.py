@@ -238,7 +238,7 @@ def test_second_shape_three_nodes_one_gpu_then_default_again(cluster, cluster_lo
             proc = srun("-N3", "--gres=gpu:1", "bash", "-c", TASK_REPORT, timeout=60)
             assert proc.returncode == 0, proc.stderr
             tasks = parse_tasks(proc.stdout)
-            assert [t["host"] for t in tasks.values()] == ["node1", "node2", "node3"]
+            assert [tasks[i]["host"] for i in sorted(tasks)] == ["node1", "node2", "node3"]
             assert all(t["cvd"] == "0" and t["on_node"] == "1" for t in tasks.values()), tasks
             # The declared size is enforced: a job asking for more memory is refused at once.
             proc = run("sbatch", "--mem=32000", "--wrap=true", timeout=30)
