@@ -44,8 +44,10 @@ echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT WORLD_SIZE=$SLURM_NTASKS
 # foreground, bash would not run a trap until srun ended, so srun runs in the background and we
 # wait for it; the trap passes the signal on to srun, which forwards it to every task.
 srun_pid=
+interrupted=0
 # shellcheck disable=SC2317  # called by the trap, not reachable in the normal flow
 forward_usr1() {
+    interrupted=1
     echo "=== $(date -u '+%T') got SIGUSR1: asking the training to checkpoint and stop"
     if [[ -n $srun_pid ]]; then kill -USR1 "$srun_pid" 2>/dev/null || true; fi
 }
@@ -55,11 +57,13 @@ trap forward_usr1 USR1
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     bash "$COURSE_ROOT/lessons/03_ddp_mnist/train.sh" &
 srun_pid=$!
-# `wait` returns early (status > 128) whenever the trap runs; wait again until srun is gone.
-status=0
-while true; do
-    wait "$srun_pid" && status=0 || status=$?
-    kill -0 "$srun_pid" 2>/dev/null || break
+# A trap cuts `wait` short (status > 128) while srun is still running: then wait again.
+status=
+while [[ -z $status ]]; do
+    interrupted=0
+    wait "$srun_pid" && rc=0 || rc=$?
+    if (( interrupted && rc > 128 )); then continue; fi
+    status=$rc
 done
 
 if (( status == 75 )); then

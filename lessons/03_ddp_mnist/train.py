@@ -256,10 +256,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def train(args: argparse.Namespace, ctx) -> int:
+def train(args: argparse.Namespace, ctx, stop: StopRequest | None = None) -> int:
     """Train (or resume) until ``args.epochs``; return 0, or REQUEUE_EXIT_CODE if stopped."""
     env, device = ctx.env, ctx.device
-    stop = StopRequest(signal.SIGUSR1)
+    stop = stop or StopRequest(signal.SIGUSR1)
 
     train_x, train_y, test_x, test_y = load_data(device, args.train_subset, args.test_subset)
 
@@ -424,9 +424,12 @@ def train(args: argparse.Namespace, ctx) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Listen for the stop signal first: its default action would kill the process, even
+    # while it is still waiting for the other ranks to start.
+    stop = StopRequest(signal.SIGUSR1)
     ctx = init_distributed()
     try:
-        return train(args, ctx)
+        return train(args, ctx, stop)
     finally:
         cleanup()  # destroy the process group so every rank leaves cleanly
 
