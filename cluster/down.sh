@@ -21,5 +21,5 @@ esac
 [[ $(id -u) -eq 0 ]] || die "run as root: it stops the daemons cluster/up.sh started"
 mkdir -p "$CLUSTER_ROOT"
 take_lock
-stop_cluster
+stop_cluster all
 note "down"

@@ -65,15 +65,19 @@ recorded_daemons() {
 # UTS namespaces of our nodes (RUN_DIR/uts): any process inside one of them
 # belongs to a node of this cluster (slurmstepd, job tasks).
 processes_in_node_namespaces() {
-    local ns pid
-    [[ -f $RUN_DIR/uts ]] || return 0
-    for pid in /proc/[0-9]*; do
-        pid=${pid#/proc/}
-        ns=$(readlink "/proc/$pid/ns/uts" 2>/dev/null) || continue
-        if grep -qxF "$ns" "$RUN_DIR/uts"; then
-            echo "$pid"
-        fi
-    done
+    local ns patterns=() path
+    [[ -s $RUN_DIR/uts ]] || return 0
+    while read -r ns; do
+        # find -lname takes a glob: escape the brackets of "uts:[4026532177]".
+        ns=${ns//[/\\[}
+        patterns+=(${patterns[0]+-o} -lname "${ns//]/\\]}")
+    done <"$RUN_DIR/uts"
+    # One find instead of a readlink per process: fast even with many processes.
+    find /proc/[0-9]*/ns -maxdepth 1 -name uts \( "${patterns[@]}" \) 2>/dev/null |
+        while read -r path; do
+            path=${path#/proc/}
+            echo "${path%%/*}"
+        done
 }
 
 # stop_pids SIGNAL_WAIT_SECONDS PID...: TERM, wait, then KILL what is left.
@@ -95,30 +99,37 @@ stop_pids() {
 }
 
 # Stop everything up.sh started, by recorded pid; then remove run-time state.
+# stop_cluster all | keep-munge: "keep-munge" leaves our munged running (a restart needs it again)
+# and put its record in KEPT_MUNGE for up.sh to write back.
+KEPT_MUNGE=""
 stop_cluster() {
-    local name pid pids=() stray
+    local name n pid stray keep_munge=0
+    [[ ${1:-} == keep-munge ]] && keep_munge=1
     if [[ -f $RUN_DIR/daemons ]]; then
         # Cancel jobs first so slurmd can clean up its steps while it still runs.
         if pid_alive "$(awk '$1=="slurmctld"{print $2}' "$RUN_DIR/daemons")" slurmctld; then
-            timeout 10 scancel --full --quiet --user=root >/dev/null 2>&1 || true
-            timeout 10 scancel --full --quiet >/dev/null 2>&1 || true
+            timeout 10 scancel --full --quiet --partition=local >/dev/null 2>&1 || true
         fi
-        # Job steps and tasks first, then slurmd, slurmctld, and munge last.
+        # Job steps and tasks first, then the SLURM daemons together (each takes
+        # about 2 s to exit), and munge last.
         mapfile -t stray < <(processes_in_node_namespaces)
-        for name in slurmd slurmctld munged; do
-            while read -r n pid; do
-                [[ $n == "$name" ]] && pid_alive "$pid" "$name" && pids+=("$pid")
-            done < <(recorded_daemons)
-        done
         local steps=()
         for pid in "${stray[@]}"; do
             pid_alive "$pid" slurmd || steps+=("$pid")
         done
         stop_pids 5 "${steps[@]}"
-        for name in slurmd slurmctld munged; do
+        local groups=("slurmd slurmctld" munged)
+        if ((keep_munge)); then
+            groups=("slurmd slurmctld")
+            KEPT_MUNGE=$(awk '$1=="munged"' "$RUN_DIR/daemons")
+            if [[ -n $KEPT_MUNGE ]] && ! pid_alive "${KEPT_MUNGE#munged }" munged; then
+                KEPT_MUNGE=""
+            fi
+        fi
+        for name in "${groups[@]}"; do
             local these=()
             while read -r n pid; do
-                [[ $n == "$name" ]] && pid_alive "$pid" "$name" && these+=("$pid")
+                [[ " $name " == *" $n "* ]] && pid_alive "$pid" "$n" && these+=("$pid")
             done < <(recorded_daemons)
             stop_pids 10 "${these[@]}"
         done
@@ -127,6 +138,7 @@ stop_cluster() {
         # Verify: nothing we started may survive.
         local survivors=()
         while read -r n pid; do
+            [[ $n == munged ]] && ((keep_munge)) && continue
             pid_alive "$pid" "$n" && survivors+=("$n:$pid")
         done < <(recorded_daemons)
         mapfile -t stray < <(processes_in_node_namespaces)
@@ -139,5 +151,5 @@ stop_cluster() {
     fi
     rm -rf "${CLUSTER_ROOT:?}/state" "${CLUSTER_ROOT:?}/spool" "${CLUSTER_ROOT:?}/run" \
         "$CLUSTER_ROOT/shape"
-    rm -f /run/munge/munged.pid
+    ((keep_munge)) || rm -f /run/munge/munged.pid
 }

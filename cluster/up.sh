@@ -286,9 +286,9 @@ if ((CHECK_ONLY)); then
     exit 1
 fi
 
-start_time=$SECONDS
+start_time=$EPOCHREALTIME
 note "starting ($SHAPE)"
-stop_cluster
+stop_cluster keep-munge
 # Anything slurm-like still running was not started by us: refuse to fight it.
 for name in slurmctld slurmd; do
     if others=$(pgrep -x "$name"); then
@@ -297,7 +297,7 @@ for name in slurmctld slurmd; do
 done
 
 mkdir -p "$LOG_DIR" "$RUN_DIR" "$CLUSTER_ROOT/state" "$CLUSTER_ROOT/spool" /etc/slurm
-: >"$RUN_DIR/daemons"
+printf '%s' "${KEPT_MUNGE:+$KEPT_MUNGE$'\n'}" >"$RUN_DIR/daemons"
 : >"$RUN_DIR/uts"
 for f in slurmctld.log start.log; do : >"$LOG_DIR/$f"; done
 rm -f "$LOG_DIR"/slurmd-node*.log
@@ -315,4 +315,5 @@ start_munge
 start_slurm
 wait_idle
 echo "$SHAPE" >"$CLUSTER_ROOT/shape"
-note "up in $((SECONDS - start_time)) s: $SHAPE; logs in $LOG_DIR"
+elapsed=$(awk -v a="$start_time" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')
+note "up in $elapsed s: $SHAPE; logs in $LOG_DIR"
