@@ -11,6 +11,13 @@ after changing a lesson, from the course root:
 
     python -m common.notebook execute lessons/*/lesson.ipynb   # run, store outputs, normalise
     python -m common.notebook check lessons/*/lesson.ipynb     # unexecuted or noisy? exit 1
+
+Run the execution under the cluster lock when others share the local cluster
+(``flock /tmp/course-cluster.lock python -m common.notebook execute ...``), and set
+``COURSE_NOTEBOOK_SUBMIT=0`` to show the stored sample outputs instead of submitting jobs.
+Checked by nbval (outputs of the cells marked ``# NBVAL_CHECK_OUTPUT``):
+
+    pytest lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 """
 
 from __future__ import annotations
@@ -560,9 +567,12 @@ def submit_or_sample(
     expect: int | None = 0,
     env: Mapping[str, str] | None = None,
     sample: str | None = None,
+    match: str | None = None,
 ) -> Result:
-    """Submit ``script`` when the cluster is up; otherwise say so and print a stored sample
-    (the newest of :func:`sample_outputs`, or ``sample``, a file name in the lesson folder).
+    """Submit ``script`` when the cluster is up; otherwise say so and print a stored sample:
+    ``sample`` (a file name in the lesson folder), else the last of :func:`sample_outputs`
+    whose text matches the regular expression ``match`` (where several scripts of a lesson
+    write ``slurm-<id>.out``).
 
     Returns the job's Result, or one with returncode None holding the sample's text (empty
     when there is none).
@@ -572,7 +582,7 @@ def submit_or_sample(
         return submit(script, *args, timeout=timeout, expect=expect, env=env)
     folder = (_root() / script).parent
     samples = [folder / sample] if sample else sample_outputs(script)
-    samples = [p for p in samples if p.is_file()]
+    samples = [p for p in samples if p.is_file() and re.search(match or "", p.read_text())]
     if not samples:
         print(f"No SLURM cluster here ({why}), and no stored sample output of {script} yet.")
         return Result(script, None, "")
