@@ -149,11 +149,14 @@ def cluster():
     start. It is left running afterwards: other sessions on this machine may be using it.
     """
     # Already up in this shape: nothing to change, so no need to wait for the shared lock.
-    check = subprocess.run(
-        ["bash", str(ROOT / "cluster" / "up.sh"), "--check"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120, env=job_environ(),
-    )  # fmt: skip
-    if check.returncode != 0:
+    try:
+        check = subprocess.run(
+            ["bash", str(ROOT / "cluster" / "up.sh"), "--check"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120, env=job_environ(),
+        ).returncode  # fmt: skip
+    except subprocess.TimeoutExpired:
+        check = None
+    if check != 0:
         with cluster_lock():
             run_up()
     return {"nodes": ["node1", "node2"], "gpus_per_node": 2}
