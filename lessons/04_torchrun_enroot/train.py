@@ -10,13 +10,15 @@ Single node, no SLURM:
 """
 
 import argparse
+import gc
 
 import torch
 import torch.distributed as dist
-from common.dist import cleanup, init_distributed, print0
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+from common.dist import cleanup, init_distributed, print0
 
 
 def synthetic_regression(n_samples: int, n_features: int, seed: int) -> TensorDataset:
@@ -44,11 +46,13 @@ def main() -> None:
     env = ctx.env
 
     # One line per process: a reader (or a test) can check that every rank
-    # 0..WORLD_SIZE-1 turned up exactly once, and on which node.
+    # 0..WORLD_SIZE-1 turned up exactly once, and on which node. The processes
+    # share one output, so the line goes out in a single write, newline included.
     print(
         f"rank {env.rank}/{env.world_size} local_rank {env.local_rank}/{env.local_world_size} "
         f"node_rank {env.node_rank}/{env.num_nodes} host {env.hostname} "
-        f"launcher {env.launcher} backend {ctx.backend} device {ctx.device}",
+        f"launcher {env.launcher} backend {ctx.backend} device {ctx.device}\n",
+        end="",
         flush=True,
     )
 
@@ -87,8 +91,11 @@ def main() -> None:
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     print0(f"weights identical on all {env.world_size} ranks: {bool(low == high)}")
     print0(f"done: world_size {env.world_size} = {env.num_nodes} nodes x {env.local_world_size}")
-    del ddp_model  # DDP holds the process group; release it before the group is destroyed
     cleanup()
+    # Free what still refers to the (now destroyed) gloo group while Python is
+    # fully alive; left to interpreter shutdown, gloo's threads sometimes abort
+    # the process ("terminate called without an active exception", exit -6).
+    gc.collect()
 
 
 if __name__ == "__main__":

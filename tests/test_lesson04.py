@@ -1,0 +1,350 @@
+"""Lesson 04 (torchrun on SLURM, in and out of enroot containers).
+
+CPU smoke: train.py under `torchrun --standalone --nproc-per-node 2`, no SLURM.
+Shell: env.sh finds enroot's data path the way enroot does; torchrun.sh refuses to start
+without the values the job script hands it.
+Cluster: the static, elastic (c10d) and --standalone job scripts run on the local SLURM cluster
+(on the host: the cluster has no enroot); the container branch is checked in its print-only mode
+(ENROOT_DRY_RUN=1) with an `enroot` on PATH that must never be executed; the sample outputs kept
+in the lesson folder have the shape a fresh run has.
+"""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "lessons" / "04_torchrun_enroot"
+TIMEOUT = 180  # one local torchrun run; rendezvous and collectives are bounded below that
+JOB_TIMEOUT = 300
+
+RANK_LINE = re.compile(
+    r"^(?:(?P<label>\d+): )?(?:\[default(?P<prefix>\d+)\]:)?"
+    r"rank (?P<rank>\d+)/(?P<world>\d+) local_rank (?P<local>\d+)/(?P<local_world>\d+) "
+    r"node_rank (?P<node>\d+)/(?P<nodes>\d+) host (?P<host>\S+) launcher (?P<launcher>\S+) "
+    r"backend (?P<backend>\S+) device (?P<device>\S+)$"
+)
+LOSS_LINE = re.compile(r"^(?:\d+: )?(?:\[default\d+\]:)?epoch (\d+) train_loss ([0-9.]+)$")
+JOB_LINE = re.compile(r"^job (\d+): form (\S+), (\d+) nodes x (\d+) processes = world size (\d+)")
+DRY_LINE = re.compile(r"^(?:(?P<label>\d+): )?(?P<host>\S+): dry-run: (?P<cmd>.*)$")
+FALLBACK = "enroot is not installed on this node; running torchrun.sh on the host"
+
+
+def clean_environ(**extra):
+    """This environment without launcher variables (the suite may itself run inside a job)."""
+    drop = ("SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_",
+            "ENROOT_", "COURSE_CONTAINER_", "TORCHRUN_")  # fmt: skip
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    environ.update({"PYTHONPATH": str(ROOT), "COURSE_DIST_TIMEOUT": "30", "OMP_NUM_THREADS": "1"})
+    environ.update(extra)
+    return environ
+
+
+def rank_lines(text):
+    return [m.groupdict() for m in map(RANK_LINE.match, text.splitlines()) if m]
+
+
+def losses(text):
+    return [(int(e), float(v)) for e, v in (m.groups() for m in map(LOSS_LINE.match,
+                                                                      text.splitlines()) if m)]
+
+
+def check_training(text, nodes, per_node, hosts=None):
+    """Every rank 0..world-1 exactly once, world = nodes x per_node, and the loss went down."""
+    world = nodes * per_node
+    lines = rank_lines(text)
+    assert sorted(int(r["rank"]) for r in lines) == list(range(world)), text
+    node_of_host = {}
+    for r in lines:
+        assert (int(r["world"]), int(r["local_world"]), int(r["nodes"])) == (
+            world, per_node, nodes), text  # fmt: skip
+        assert r["launcher"] == "torchrun", text
+        # torchrun numbers ranks node by node: rank = node_rank x per_node + local_rank
+        assert int(r["rank"]) == int(r["node"]) * per_node + int(r["local"]), text
+        if r["prefix"] is not None:  # torchrun's --tee prefix is the local rank
+            assert r["prefix"] == r["local"], text
+        # one node rank per host, and every worker of a node on the same host
+        assert node_of_host.setdefault(r["host"], r["node"]) == r["node"], text
+    assert len(node_of_host) == nodes, text
+    if hosts is not None:
+        assert sorted(node_of_host) == sorted(hosts), text
+    epochs = losses(text)
+    assert [e for e, _ in epochs] == list(range(len(epochs))) and len(epochs) >= 2, text
+    assert epochs[-1][1] < epochs[0][1], text
+    assert f"weights identical on all {world} ranks: True" in text, text
+    return lines
+
+
+# --------------------------------------------------------------------------- CPU smoke
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_train_under_torchrun_standalone_cpu(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         str(LESSON / "train.py"), "--epochs", "3"],
+        cwd=tmp_path, env=clean_environ(), capture_output=True, text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    lines = check_training(proc.stdout, nodes=1, per_node=2)
+    assert {r["backend"] for r in lines} == {"gloo"}, out
+
+
+# --------------------------------------------------------------------------- shell, no SLURM
+
+
+def env_sh(script, **extra):
+    """Source env.sh in bash with `extra` in the environment and run `script` after it."""
+    environ = clean_environ(COURSE_ROOT=str(ROOT), HOME="/home/student", **extra)
+    environ.pop("XDG_DATA_HOME", None)
+    environ.update(extra)
+    return subprocess.run(
+        ["bash", "-c", f'set -euo pipefail; source "{LESSON}/env.sh"; {script}'],
+        env=environ, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_enroot_cache_dir_comes_from_enroot_conf(tmp_path):
+    conf = tmp_path / "enroot.conf"
+    conf.write_text(
+        "#ENROOT_DATA_PATH           ${XDG_DATA_HOME}/enroot\n"
+        "ENROOT_DATA_PATH  /enroot/$(id -u)/data   # node-local disk\n"
+    )
+    show = 'echo "$CONTAINER_CACHE_DIR"'
+    uid = os.getuid()
+    # enroot.conf (its value expanded like enroot does; the commented line ignored)
+    proc = env_sh(show, ENROOT_CONF_FILE=str(conf))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"/enroot/{uid}/data/course-torch"
+    # the environment wins over enroot.conf, as in enroot
+    proc = env_sh(show, ENROOT_CONF_FILE=str(conf), ENROOT_DATA_PATH="/scratch/e",
+                  COURSE_CONTAINER_NAME="my-torch")  # fmt: skip
+    assert proc.stdout.strip() == "/scratch/e/my-torch", proc.stderr
+    # no enroot.conf: enroot's default under XDG_DATA_HOME, else ~/.local/share
+    proc = env_sh(show, ENROOT_CONF_FILE=str(tmp_path / "missing.conf"))
+    assert proc.stdout.strip() == "/home/student/.local/share/enroot/course-torch", proc.stderr
+    proc = env_sh(show, ENROOT_CONF_FILE=str(tmp_path / "missing.conf"), XDG_DATA_HOME="/x")
+    assert proc.stdout.strip() == "/x/enroot/course-torch", proc.stderr
+
+
+def test_env_sh_takes_job_size_from_the_allocation():
+    proc = env_sh('echo "$NNODES $NPROC_PER_NODE $WORLD_SIZE"',
+                  SLURM_JOB_NUM_NODES="3", SLURM_GPUS_ON_NODE="4")  # fmt: skip
+    assert proc.stdout.split() == ["3", "4", "12"], proc.stderr
+
+
+def test_torchrun_sh_says_what_is_missing():
+    proc = subprocess.run(
+        ["bash", str(LESSON / "torchrun.sh"), "static"],
+        env=clean_environ(), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "COURSE_ROOT is not set" in proc.stderr and "run_script.sh" in proc.stderr
+
+
+def test_torchrun_sh_rejects_an_unknown_form():
+    values = dict(COURSE_ROOT=str(ROOT), NNODES="2", NPROC_PER_NODE="2", MASTER_ADDR="node1",
+                  MASTER_PORT="15000", RDZV_TIMEOUT="5", LOG_DIR="/tmp")  # fmt: skip
+    proc = subprocess.run(
+        ["bash", str(LESSON / "torchrun.sh"), "elastic"],
+        env=clean_environ(**values), capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "unknown form 'elastic'" in proc.stderr
+
+
+# --------------------------------------------------------------------------- local cluster
+
+
+def job_env(tmp_path, **extra):
+    """Keep torchrun's per-worker logs of a test job out of the course directory."""
+    return {"TORCHRUN_LOG_ROOT": str(tmp_path / "logs"), **extra}
+
+
+def check_host_fallback(text, hosts):
+    """On the local cluster (no enroot) every node says so once and runs torchrun.sh itself."""
+    said = [line for line in text.splitlines() if line.endswith(FALLBACK)]
+    assert sorted(line.split(": ")[1] for line in said) == sorted(hosts), text
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
+def test_static_job(sbatch_wait, cluster, tmp_path):
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_script.sh", env=job_env(tmp_path),
+                      timeout=JOB_TIMEOUT)  # fmt: skip
+    assert job.returncode == 0, job.output + job.stderr
+    nodes, per_node = len(cluster["nodes"]), cluster["gpus_per_node"]
+    head = JOB_LINE.match(job.output.splitlines()[0])
+    assert head and head[2] == "static" and int(head[5]) == nodes * per_node, job.output
+    lines = check_training(job.output, nodes, per_node, hosts=cluster["nodes"])
+    # srun --label: the task number in front of each line is the node rank (static form)
+    assert all(r["label"] == r["node"] for r in lines), job.output
+    # node ranks from the node list agree with SLURM_NODEID on every node
+    for i, host in enumerate(cluster["nodes"]):
+        assert f"{i}: {host}: node rank {i} (SLURM_NODEID {i})" in job.output, job.output
+        assert (f"--node-rank {i} --master-addr {cluster['nodes'][0]} --master-port"
+                in job.output), job.output  # fmt: skip
+    check_host_fallback(job.output, cluster["nodes"])
+    check_per_node_logs(tmp_path / "logs" / job.job_id, cluster["nodes"], per_node)
+
+
+def check_per_node_logs(log_dir, hosts, per_node):
+    """torchrun's --log-dir/--tee files: one folder per node, one stdout per local rank."""
+    for host in hosts:
+        files = sorted((log_dir / host).glob("*/attempt_0/*/stdout.log"))
+        assert len(files) == per_node, (log_dir, files)
+        for f in files:
+            local = f.parent.name
+            assert re.search(rf"local_rank {local}/{per_node} .* host {host} ", f.read_text())
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
+def test_rdzv_job(sbatch_wait, cluster, tmp_path):
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_rdzv.sh", env=job_env(tmp_path),
+                      timeout=JOB_TIMEOUT)  # fmt: skip
+    assert job.returncode == 0, job.output + job.stderr
+    head = JOB_LINE.match(job.output.splitlines()[0])
+    assert head and head[2] == "rdzv", job.output
+    assert f"--rdzv-backend c10d --rdzv-endpoint {cluster['nodes'][0]}:" in job.output
+    assert f"--rdzv-id lesson04-{job.job_id} " in job.output
+    assert "--node-rank" not in job.output  # the rendezvous hands out node ranks
+    check_training(job.output, len(cluster["nodes"]), cluster["gpus_per_node"],
+                   hosts=cluster["nodes"])  # fmt: skip
+    check_host_fallback(job.output, cluster["nodes"])
+    check_per_node_logs(tmp_path / "logs" / job.job_id, cluster["nodes"],
+                        cluster["gpus_per_node"])  # fmt: skip
+
+
+def check_standalone(text, hosts):
+    """What the README says --standalone on two nodes does."""
+    step1, _, step2 = text.partition("=== step 2:")
+    # 1. --standalone --nnodes 2: each node waits alone at its private rendezvous, then gives up
+    assert "torchrun --standalone --nnodes 2" in step1, text
+    assert step1.count("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError") == len(
+        hosts), text  # fmt: skip
+    assert not rank_lines(step1), text  # no worker ever started
+    code1 = re.search(r"=== step 1 ended with exit code (\d+)", step1)
+    assert code1 and int(code1[1]) != 0, text
+    # 2. --standalone --nnodes 1: two one-node worlds, which common/ refuses in every worker
+    assert "torchrun --standalone --nnodes 1" in step2, text
+    refusal = "torchrun runs with GROUP_WORLD_SIZE=1 nodes (--nnodes) but srun started"
+    assert refusal in step2, text
+    assert not losses(step2), text  # nobody trained
+    code2 = re.search(r"=== step 2 ended with exit code (\d+)", step2)
+    assert code2 and int(code2[1]) != 0, text
+
+
+@pytest.mark.timeout(JOB_TIMEOUT + 60)
+def test_standalone_on_two_nodes(sbatch_wait, cluster, tmp_path):
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_standalone.sh", env=job_env(tmp_path),
+                      timeout=JOB_TIMEOUT)  # fmt: skip
+    assert job.returncode == 0, job.output + job.stderr
+    check_standalone(job.output, cluster["nodes"])
+
+
+# --------------------------------------------------------------------------- container branch
+
+
+def fake_enroot(tmp_path):
+    """An `enroot` on PATH that makes the script take the container branch, and that records
+    and fails loudly if anything runs it: in print-only mode nothing may."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    marker = tmp_path / "enroot-was-run"
+    (bin_dir / "enroot").write_text(f'#!/bin/sh\necho "$@" >> {marker}\nexit 97\n')
+    (bin_dir / "enroot").chmod(0o755)
+    return bin_dir, marker
+
+
+def dry_run_commands(text):
+    """{host: [argv, ...]} of the commands each node printed instead of running."""
+    found = {}
+    for m in map(DRY_LINE.match, text.splitlines()):
+        if m:
+            found.setdefault(m["host"], []).append(shlex.split(m["cmd"]))
+    return found
+
+
+def expected_start(name):
+    passed = ["COURSE_ROOT", "PYTHONUNBUFFERED", "TORCHRUN_FORM", "NNODES", "NPROC_PER_NODE",
+              "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ID", "RDZV_TIMEOUT", "LOG_DIR",
+              "SLURM_JOB_ID", "SLURM_NODEID", "SLURM_CPUS_PER_TASK",
+              "CUDA_VISIBLE_DEVICES"]  # fmt: skip
+    envs = ["--env", f"PYTHONPATH={ROOT}"] + [a for n in passed for a in ("--env", n)]
+    return ["enroot", "start", "--mount", f"{ROOT}:{ROOT}", *envs, name,
+            "bash", str(LESSON / "torchrun.sh"), "static"]  # fmt: skip
+
+
+@pytest.mark.timeout(2 * JOB_TIMEOUT + 60)
+def test_container_branch_prints_the_enroot_commands(sbatch_wait, cluster, tmp_path):
+    bin_dir, marker = fake_enroot(tmp_path)
+    conf = tmp_path / "enroot.conf"
+    data = tmp_path / "enroot-data"
+    conf.write_text(f"ENROOT_DATA_PATH {data}/$(id -u)\n")
+    cache = data / str(os.getuid()) / "l04-test"
+    image = tmp_path / "images" / "torch.sqsh"
+    env = job_env(
+        tmp_path,
+        PATH=f"{bin_dir}:{os.environ['PATH']}",
+        ENROOT_DRY_RUN="1",
+        ENROOT_CONF_FILE=str(conf),
+        COURSE_CONTAINER_NAME="l04-test",
+        COURSE_CONTAINER_IMAGE=str(image),
+        COURSE_CONTAINER_URI="docker://nvcr.io#nvidia/pytorch:25.01-py3",
+    )
+    hosts = cluster["nodes"]
+
+    # Nothing imported or created yet: import once (first node), create and start on every node.
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_script.sh", env=env, timeout=JOB_TIMEOUT)
+    assert job.returncode == 0, job.output + job.stderr
+    assert not marker.exists(), marker.read_text()
+    assert FALLBACK not in job.output and not rank_lines(job.output), job.output
+    cmds = dry_run_commands(job.output)
+    assert sorted(cmds) == sorted(hosts), job.output
+    import_cmd = ["enroot", "import", "--output", str(image),
+                  "docker://nvcr.io#nvidia/pytorch:25.01-py3"]  # fmt: skip
+    assert cmds[hosts[0]][:2] == [["mkdir", "-p", str(image.parent)], import_cmd], job.output
+    create = ["enroot", "create", "--name", "l04-test", str(image)]
+    for host in hosts:
+        node_cmds = cmds[host][2:] if host == hosts[0] else cmds[host]
+        assert node_cmds == [create, expected_start("l04-test")], job.output
+
+    # Image imported and container created before: only `enroot start`, on every node.
+    image.parent.mkdir()
+    image.write_text("")
+    cache.mkdir(parents=True)
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_script.sh", env=env, timeout=JOB_TIMEOUT)
+    assert job.returncode == 0, job.output + job.stderr
+    assert not marker.exists(), marker.read_text()
+    assert f"image {image} already imported" in job.output, job.output
+    for host in hosts:
+        assert f"{host}: container l04-test already created in {cache}" in job.output
+        assert dry_run_commands(job.output)[host] == [expected_start("l04-test")], job.output
+
+
+# --------------------------------------------------------------------------- sample outputs
+
+
+def samples():
+    """{form: text} of the captures kept in the lesson folder (slurm-<jobid>.out)."""
+    found = {}
+    for path in sorted(LESSON.glob("slurm-*.out")):
+        text = path.read_text()
+        m = re.search(r"^job \d+: form (\S+),", text, re.MULTILINE)
+        assert m, path
+        found.setdefault(m[1], text)
+    return found
+
+
+def test_sample_outputs_have_the_shape_of_a_run():
+    kept = samples()
+    assert {"static", "rdzv", "standalone"} <= set(kept), sorted(kept)
+    for form in ("static", "rdzv"):
+        check_training(kept[form], nodes=2, per_node=2, hosts=["node1", "node2"])
+        check_host_fallback(kept[form], ["node1", "node2"])
+    check_standalone(kept["standalone"], ["node1", "node2"])
