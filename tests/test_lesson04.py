@@ -190,11 +190,14 @@ def test_static_job(sbatch_wait, cluster, tmp_path):
         assert (f"--node-rank {i} --master-addr {cluster['nodes'][0]} --master-port"
                 in job.output), job.output  # fmt: skip
     check_host_fallback(job.output, cluster["nodes"])
-    check_per_node_logs(tmp_path / "logs" / job.job_id, cluster["nodes"], per_node)
+    check_per_node_logs(tmp_path / "logs", job.job_id, cluster["nodes"], per_node)
 
 
-def check_per_node_logs(log_dir, hosts, per_node):
+def check_per_node_logs(log_root, job_id, hosts, per_node):
     """torchrun's --log-dir/--tee files: one folder per node, one stdout per local rank."""
+    dirs = list(log_root.glob(f"{job_id}-*"))
+    assert len(dirs) == 1, dirs
+    log_dir = dirs[0]
     for host in hosts:
         files = sorted((log_dir / host).glob("*/attempt_0/*/stdout.log"))
         assert len(files) == per_node, (log_dir, files)
@@ -216,7 +219,7 @@ def test_rdzv_job(sbatch_wait, cluster, tmp_path):
     check_training(job.output, len(cluster["nodes"]), cluster["gpus_per_node"],
                    hosts=cluster["nodes"])  # fmt: skip
     check_host_fallback(job.output, cluster["nodes"])
-    check_per_node_logs(tmp_path / "logs" / job.job_id, cluster["nodes"],
+    check_per_node_logs(tmp_path / "logs", job.job_id, cluster["nodes"],
                         cluster["gpus_per_node"])  # fmt: skip
 
 

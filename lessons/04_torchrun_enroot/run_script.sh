@@ -24,7 +24,8 @@ LESSON_DIR=$COURSE_ROOT/lessons/04_torchrun_enroot
 source "$LESSON_DIR/env.sh"
 
 TORCHRUN_FORM=${TORCHRUN_FORM:-static}
-LOG_DIR=$LOG_ROOT/$SLURM_JOB_ID
+# Job id plus start time: a restarted cluster (or a second step of one job) reuses job ids.
+LOG_DIR=$LOG_ROOT/$SLURM_JOB_ID-$(date +%Y%m%d-%H%M%S)
 
 # ---- Master address: the first node of the job --------------------------------
 # SLURM_JOB_NODELIST is compressed ("node[1-2]"); scontrol expands it to one name
