@@ -31,6 +31,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -530,8 +531,11 @@ def submit(
     The output goes to runs/notebooks/ (not the course root).  A job still running after
     ``timeout`` seconds is cancelled.
     """
-    out_dir = _root() / "runs" / "notebooks"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # A new folder for every submission: job ids start again at 1 when a cluster is re-created,
+    # and a job writing with --open-mode=append would add to an older job's file.
+    runs = _root() / "runs" / "notebooks"
+    runs.mkdir(parents=True, exist_ok=True)
+    out_dir = Path(tempfile.mkdtemp(prefix=time.strftime("%Y%m%d-%H%M%S-"), dir=runs))
     argv = ["sbatch", "--parsable", f"--output={rel(out_dir)}/%x-%j.out", script, *args]
     print("$ " + shlex.join(argv))
     sub = subprocess.run(
@@ -548,7 +552,7 @@ def submit(
             raise RuntimeError(f"job {job_id} of {script} ran past {timeout} s; cancelled")
         time.sleep(0.5)
         state, status = job_state(job_id)
-    files = sorted(out_dir.glob(f"*-{job_id}.out"))
+    files = sorted(out_dir.glob("*.out"))
     output = files[0].read_text() if files else ""
     print(
         f"job {job_id} {state} with exit code {status} after {time.monotonic() - start:.0f} s; "
