@@ -217,11 +217,6 @@ def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
         tidy(result)
 
 
-def double_spawn_errors(text):
-    return {line[line.index("double spawn"):] for line in text.splitlines()
-            if "double spawn" in line}
-
-
 @pytest.mark.timeout(300)
 def test_pitfall_double_spawn_fails_with_clear_message(cluster, sbatch_wait):
     script, job_name = PITFALL
@@ -231,9 +226,10 @@ def test_pitfall_double_spawn_fails_with_clear_message(cluster, sbatch_wait):
         assert result.returncode != 0, text
         assert DOUBLE_SPAWN in text, text
         assert not hellos(text), text  # refused before any process group formed
+        # Same shape as the stored sample: same nodes, same message, nobody said hello. (How many
+        # workers got as far as the check before the step ended may differ between runs.)
         sample = sample_output(job_name).read_text()
         assert DOUBLE_SPAWN in sample and not hellos(sample)
-        assert double_spawn_errors(sample) == double_spawn_errors(text), text
         assert job_header(sample)[1] == job_header(text)[1]
     finally:
         tidy(result)

@@ -1,8 +1,9 @@
 #!/bin/bash
 # THE PITFALL (this job is meant to fail): two tasks per node AND a launcher in each task.
-# srun starts 2 copies of node_launch.sh per node, each torchrun spawns 2 workers, so
-# 8 processes fight over a world meant for 4. common/ notices it in every worker and stops
-# the job at once with a "double spawn" error instead of letting it hang.
+# srun starts 2 copies of node_launch.sh per node and each torchrun spawns 2 workers: 8
+# processes for 4 GPUs, and two launchers per node that both claim the same node rank. The
+# second launcher on the first node cannot open the rendezvous port (EADDRINUSE); every worker
+# that does start stops at once with common/'s "double spawn" error instead of hanging.
 #
 #   sbatch lessons/02_launch_vs_srun/pitfall_double_spawn.sh          (from the course root)
 #
@@ -26,6 +27,4 @@ lesson=$COURSE_ROOT/lessons/02_launch_vs_srun
 
 echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), ${SLURM_GPUS_ON_NODE:-0} GPU(s) per node"
 
-# --kill-on-bad-exit: as soon as one task fails, srun stops the others (no waiting for a
-# rendezvous that can never complete).
-srun --kill-on-bad-exit=1 bash "$lesson/node_launch.sh" torchrun "$lesson/hello.py"
+srun bash "$lesson/node_launch.sh" torchrun "$lesson/hello.py"
