@@ -50,8 +50,8 @@ def rank_lines(text):
 
 
 def losses(text):
-    return [(int(e), float(v)) for e, v in (m.groups() for m in map(LOSS_LINE.match,
-                                                                      text.splitlines()) if m)]
+    matches = (m for m in map(LOSS_LINE.match, text.splitlines()) if m)
+    return [(int(m[1]), float(m[2])) for m in matches]
 
 
 def check_training(text, nodes, per_node, hosts=None):
@@ -228,8 +228,10 @@ def check_standalone(text, hosts):
     step1, _, step2 = text.partition("=== step 2:")
     # 1. --standalone --nnodes 2: each node waits alone at its private rendezvous, then gives up
     assert "torchrun --standalone --nnodes 2" in step1, text
-    assert step1.count("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError") == len(
-        hosts), text  # fmt: skip
+    # the first node to give up fails the step; srun --kill-on-bad-exit may stop the other
+    # before it prints its own timeout
+    timeouts = step1.count("torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError")
+    assert 1 <= timeouts <= len(hosts), text
     assert not rank_lines(step1), text  # no worker ever started
     code1 = re.search(r"=== step 1 ended with exit code (\d+)", step1)
     assert code1 and int(code1[1]) != 0, text
