@@ -214,6 +214,22 @@ def test_parse_log_keeps_the_last_copy_of_an_epoch():
     assert [(r["epoch"], r["test_acc"]) for r in rows] == [(1, 97.5), (2, 98.25)]
 
 
+def test_sample_outputs_in_the_lesson_folder():
+    """The captured outputs the README shows: a full default run and a preempted, requeued one."""
+    samples = {p.name: p.read_text() for p in LESSON.glob("slurm-*.out")}
+    assert all(re.fullmatch(r"slurm-\d+\.out", name) for name in samples), sorted(samples)
+    requeued = [name for name, text in samples.items() if "SLURM_RESTART_COUNT=1" in text]
+    plain = [name for name in samples if name not in requeued]
+    assert len(requeued) == 1 and len(plain) == 1, sorted(samples)
+    for name, text in samples.items():
+        job_id = re.fullmatch(r"slurm-(\d+)\.out", name)[1]
+        assert f"=== job {job_id} (ddp-mnist) starts" in text, name
+        rows = check_job_output(text, epochs=3, min_acc=99.0)
+        assert rows[-1]["epoch"] == 3, name
+    text = samples[requeued[0]]
+    assert "got SIGUSR1" in text and "exiting with 75" in text and "resumed from" in text
+
+
 # --------------------------------------------------------------------------- local cluster
 
 JOB = "lessons/03_ddp_mnist/job.sh"
