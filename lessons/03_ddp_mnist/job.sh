@@ -24,9 +24,15 @@ set -euo pipefail
 source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
 
 EPOCHS=${1:-${EPOCHS:-3}}
-# Keyed by the job id, which a requeued job keeps: the second run finds the first one's file.
-# Set CHECKPOINT to continue another job's run (same number of tasks and batch size).
-CHECKPOINT=${CHECKPOINT:-$COURSE_ROOT/checkpoints/ddp_mnist-$SLURM_JOB_ID.pt}
+# Set CHECKPOINT to continue another job's run (same number of tasks, batch size and epochs).
+# By default the file is keyed by the job id, which a requeued job keeps: its second run finds
+# the first run's checkpoint. Job ids can repeat (a re-created cluster counts from 1 again), so a
+# job's first run moves a checkpoint it did not write out of the way instead of continuing it.
+own_checkpoint=0
+if [[ -z ${CHECKPOINT:-} ]]; then
+    CHECKPOINT=$COURSE_ROOT/checkpoints/ddp_mnist-$SLURM_JOB_ID.pt
+    own_checkpoint=1
+fi
 export EPOCHS CHECKPOINT
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) starts $(date -u '+%F %T') UTC," \
@@ -34,6 +40,10 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) starts $(date -u '+%F %T') UTC," \
 echo "nodes $SLURM_JOB_NODELIST: $SLURM_NNODES x $SLURM_NTASKS_PER_NODE tasks = $SLURM_NTASKS processes," \
      "${SLURM_GPUS_ON_NODE:-0} GPU(s) and $SLURM_CPUS_PER_TASK CPUs per task"
 echo "epochs $EPOCHS, checkpoint $CHECKPOINT"
+if (( own_checkpoint )) && [[ ${SLURM_RESTART_COUNT:-0} == 0 && -e $CHECKPOINT ]]; then
+    mv "$CHECKPOINT" "$CHECKPOINT.old"
+    echo "(an older job with the same id left $CHECKPOINT: moved to $CHECKPOINT.old)"
+fi
 # Where the processes meet: rank 0's node and a port derived from the job id (so two jobs on
 # one node do not collide). common/env.py works these out, here and again in every task.
 eval "$(python -m common.env --export)"
