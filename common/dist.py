@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import os
 
 import torch
@@ -115,6 +116,11 @@ def cleanup() -> None:
     """Leave the process group (safe to call when none was started)."""
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+        # Objects that still point at the destroyed gloo group (DDP's reducer, work handles)
+        # often sit in reference cycles. Freed later, at interpreter shutdown, gloo's threads
+        # can abort the process ("terminate called without an active exception", exit -6)
+        # after training succeeded; collecting them now, while Python is fully alive, does not.
+        gc.collect()
 
 
 def print0(*args, **kwargs) -> None:
