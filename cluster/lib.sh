@@ -48,12 +48,17 @@ take_lock() {
     flock -w 300 9 || die "another cluster/up.sh or down.sh held $LOCK_FILE for 300 s"
 }
 
-# pid_alive PID NAME: PID runs a program called NAME.
+# pid_alive PID [NAME]: PID runs (is not a zombie) and, if given, is called NAME.
+# A killed daemon can stay a zombie for a while when nothing reaps it promptly.
 pid_alive() {
-    local pid=$1 name=$2 comm
+    local pid=$1 name=${2:-} stat comm state
     [[ $pid =~ ^[0-9]+$ ]] || return 1
-    comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-    [[ $comm == "$name" ]]
+    stat=$(cat "/proc/$pid/stat" 2>/dev/null) || return 1
+    comm=${stat#*(}
+    comm=${comm%)*}
+    state=${stat##*) }
+    state=${state%% *}
+    [[ $state != Z && (-z $name || $comm == "$name") ]]
 }
 
 # Lines "name pid" of every daemon up.sh started (RUN_DIR/daemons).
@@ -89,7 +94,7 @@ stop_pids() {
     for ((i = 0; i < wait_s * 10; i++)); do
         left=()
         for pid in "$@"; do
-            [[ -d /proc/$pid ]] && left+=("$pid")
+            pid_alive "$pid" && left+=("$pid")
         done
         [[ ${#left[@]} -eq 0 ]] && return 0
         sleep 0.1
@@ -151,5 +156,10 @@ stop_cluster() {
     fi
     rm -rf "${CLUSTER_ROOT:?}/state" "${CLUSTER_ROOT:?}/spool" "${CLUSTER_ROOT:?}/run" \
         "$CLUSTER_ROOT/shape"
+    if [[ -n $KEPT_MUNGE ]]; then
+        # Keep the record at once, so that a later down.sh still stops it.
+        mkdir -p "$RUN_DIR"
+        echo "$KEPT_MUNGE" >"$RUN_DIR/daemons"
+    fi
     ((keep_munge)) || rm -f /run/munge/munged.pid
 }

@@ -291,13 +291,17 @@ note "starting ($SHAPE)"
 stop_cluster keep-munge
 # Anything slurm-like still running was not started by us: refuse to fight it.
 for name in slurmctld slurmd; do
-    if others=$(pgrep -x "$name"); then
-        die "a $name not started by cluster/up.sh is running (pid ${others//$'\n'/ }); stop it first"
+    others=()
+    for pid in $(pgrep -x "$name" || true); do
+        pid_alive "$pid" "$name" && others+=("$pid")
+    done
+    if [[ ${#others[@]} -gt 0 ]]; then
+        die "a $name not started by cluster/up.sh is running (pid ${others[*]}); stop it first"
     fi
 done
 
 mkdir -p "$LOG_DIR" "$RUN_DIR" "$CLUSTER_ROOT/state" "$CLUSTER_ROOT/spool" /etc/slurm
-printf '%s' "${KEPT_MUNGE:+$KEPT_MUNGE$'\n'}" >"$RUN_DIR/daemons"
+touch "$RUN_DIR/daemons"
 : >"$RUN_DIR/uts"
 for f in slurmctld.log start.log; do : >"$LOG_DIR/$f"; done
 rm -f "$LOG_DIR"/slurmd-node*.log

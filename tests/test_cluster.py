@@ -5,6 +5,8 @@ reshape it hold the shared cluster lock and always leave it up in the default sh
 """
 
 import json
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -222,6 +224,29 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun):
             proc = up()
             assert "starting" in proc.stderr, proc.stderr
             assert {n: s[0] for n, s in nodes().items()} == {"node1": "idle", "node2": "idle"}
+            out = srun("-N2", "hostname", timeout=60)
+            assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
+        finally:
+            up()
+
+
+def test_check_changes_nothing(cluster):
+    before = recorded_daemons()
+    assert run("bash", UP, "--check", timeout=60).returncode == 0
+    proc = run("bash", UP, "--check", "--nodes", "3", timeout=60)
+    assert proc.returncode == 1 and "not up in this shape" in proc.stderr, proc.stderr
+    assert recorded_daemons() == before and sorted(nodes()) == ["node1", "node2"]
+
+
+@pytest.mark.timeout(600)
+def test_up_restarts_a_cluster_that_lost_a_daemon(cluster, cluster_lock, srun):
+    with cluster_lock():
+        try:
+            up()
+            slurmd = [int(line.split()[1]) for line in recorded_daemons() if "slurmd" in line]
+            os.kill(slurmd[-1], signal.SIGKILL)  # node2's slurmd dies
+            proc = up()
+            assert "starting" in proc.stderr, proc.stderr
             out = srun("-N2", "hostname", timeout=60)
             assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
         finally:
