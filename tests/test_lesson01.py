@@ -146,11 +146,17 @@ def job_header(text):
 
 
 def shape(text):
-    """What must not change from run to run: lines, ranks, worlds, nodes; not ids or ports."""
+    """What must not change from run to run: the lesson's own lines, ranks, worlds, nodes.
+
+    Job ids and ports are left out, and so is anything else (e.g. a library's log line).
+    """
     job_id, hosts = job_header(text)
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = text.splitlines()
+    own = [line for line in lines
+           if RANK_LINE.match(line) or WORLD_LINE.match(line) or JOB_LINE.match(line)
+           or line.startswith(("{", "all ", "FAILED"))]
     return {
-        "lines": len(lines),
+        "lines": len(own),
         "ranks": sorted((int(r["rank"]), int(r["world"]), r["host"], r["verdict"])
                         for r in rank_lines(text)),
         "worlds": [(m["world"], m["nodes"], m["launcher"], m["addr"], m["backend"])
@@ -158,6 +164,7 @@ def shape(text):
         "hosts": hosts,
         "json_lines": sum(line.startswith("{") for line in lines),
         "summary": [line for line in lines if line.startswith(("all ", "FAILED"))],
+        "tracebacks": sum(line.startswith("Traceback") for line in lines),
     }
 
 

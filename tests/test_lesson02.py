@@ -167,16 +167,23 @@ def job_header(text):
 
 
 def shape(text):
-    """What must not change from run to run: lines, ranks, world, hosts; not ids or ports."""
+    """What must not change from run to run: the lessons' own lines, ranks, world, hosts.
+
+    Job ids and ports are left out, and so are the launchers' log lines and warnings, whose
+    number depends on timing (e.g. a retried connection to the rendezvous).
+    """
     _, hosts = job_header(text)
-    lines = [line for line in text.splitlines() if line.strip()]
+    lines = text.splitlines()
+    own = [line for line in lines if HELLO_LINE.match(line) or NODE_LINE.match(line)
+           or JOB_LINE.match(line)]
     return {
-        "lines": len(lines),
+        "lines": len(own),
         "hellos": sorted((int(h["rank"]), int(h["world"]), h["host"], h["addr"], h["backend"])
                          for h in hellos(text)),
         "nodes": sorted((n["host"], n["node"], n["nodes"], n["nproc"], n["launcher"], n["addr"])
                         for n in map(NODE_LINE.match, lines) if n),
         "hosts": hosts,
+        "tracebacks": sum(line.startswith("Traceback") for line in lines),
     }
 
 
