@@ -175,25 +175,27 @@ def sample_output(job_name):
     return samples[0]
 
 
+def tidy(result):
+    path = Path(result.output_path)
+    if path.parent.resolve() == ROOT:  # the job wrote into the course root
+        path.unlink(missing_ok=True)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("script", sorted(JOBS))
 def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
     job_name, nodes, per_node, launcher = JOBS[script]
     result = sbatch_wait(f"lessons/01_hello_allreduce/{script}", timeout=240)
     text = result.output
-    try:
-        assert result.returncode == 0, text
-        job_id, hosts = job_header(text)
-        assert job_id == str(result.job_id)
-        assert len(hosts) == nodes
-        world = check_allreduce_output(text, world=nodes * per_node, nodes=nodes, hosts=hosts)
-        # The master is the job's first node; all ranks agreed on the port derived from the job.
-        assert world["addr"] == hosts[0], text
-        assert world["launcher"] == launcher and world["backend"] in ("gloo", "nccl")
-        # The stored sample is what this script printed on the local cluster: same shape.
-        sample = sample_output(job_name)
-        assert shape(sample.read_text()) == shape(text), f"{sample} differs from:\n{text}"
-    finally:
-        path = Path(result.output_path)
-        if path.parent.resolve() == ROOT:  # the job wrote into the course root: tidy up
-            path.unlink(missing_ok=True)
+    assert result.returncode == 0, text
+    job_id, hosts = job_header(text)
+    assert job_id == str(result.job_id)
+    assert len(hosts) == nodes
+    world = check_allreduce_output(text, world=nodes * per_node, nodes=nodes, hosts=hosts)
+    # The master is the job's first node; all ranks agreed on the port derived from the job.
+    assert world["addr"] == hosts[0], text
+    assert world["launcher"] == launcher and world["backend"] in ("gloo", "nccl")
+    # The stored sample is what this script printed on the local cluster: same shape.
+    sample = sample_output(job_name)
+    assert shape(sample.read_text()) == shape(text), f"{sample} vs {result.output_path}"
+    tidy(result)  # only when every check passed: a failed run keeps its file

@@ -206,22 +206,20 @@ def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
     job_name, nodes, per_node, master = JOBS[script]
     result = sbatch_wait(f"lessons/02_launch_vs_srun/{script}", timeout=240)
     text = result.output
-    try:
-        assert result.returncode == 0, text
-        job_id, hosts = job_header(text)
-        assert job_id == str(result.job_id) and len(hosts) == nodes, text
-        addr = hosts[0] if master == "first node" else ["127.0.0.1", "localhost", hosts[0]]
-        check_hellos(text, world=nodes * per_node, addr=addr, hosts=hosts, per_node=per_node)
-        helper = [m.groupdict() for m in map(NODE_LINE.match, text.splitlines()) if m]
-        if script in ("job.sh", "torchrun_multinode.sh"):  # node_launch.sh: once per node
-            assert sorted((h["host"], h["node"]) for h in helper) == [
-                (host, str(i)) for i, host in enumerate(hosts)], text
-            assert {(h["addr"], h["nodes"], h["nproc"]) for h in helper} == {
-                (hosts[0], str(nodes), str(per_node))}, text
-        sample = sample_output(job_name)
-        assert shape(sample.read_text()) == shape(text), f"{sample} differs from:\n{text}"
-    finally:
-        tidy(result)
+    assert result.returncode == 0, text
+    job_id, hosts = job_header(text)
+    assert job_id == str(result.job_id) and len(hosts) == nodes, text
+    addr = hosts[0] if master == "first node" else ["127.0.0.1", "localhost", hosts[0]]
+    check_hellos(text, world=nodes * per_node, addr=addr, hosts=hosts, per_node=per_node)
+    helper = [m.groupdict() for m in map(NODE_LINE.match, text.splitlines()) if m]
+    if script in ("job.sh", "torchrun_multinode.sh"):  # node_launch.sh: once per node
+        assert sorted((h["host"], h["node"]) for h in helper) == [
+            (host, str(i)) for i, host in enumerate(hosts)], text
+        assert {(h["addr"], h["nodes"], h["nproc"]) for h in helper} == {
+            (hosts[0], str(nodes), str(per_node))}, text
+    sample = sample_output(job_name)
+    assert shape(sample.read_text()) == shape(text), f"{sample} vs {result.output_path}"
+    tidy(result)  # only when every check passed: a failed run keeps its file
 
 
 @pytest.mark.timeout(300)
@@ -229,14 +227,12 @@ def test_pitfall_double_spawn_fails_with_clear_message(cluster, sbatch_wait):
     script, job_name = PITFALL
     result = sbatch_wait(f"lessons/02_launch_vs_srun/{script}", timeout=240)
     text = result.output
-    try:
-        assert result.returncode != 0, text
-        assert DOUBLE_SPAWN in text, text
-        assert not hellos(text), text  # refused before any process group formed
-        # Same shape as the stored sample: same nodes, same message, nobody said hello. (How many
-        # workers got as far as the check before the step ended may differ between runs.)
-        sample = sample_output(job_name).read_text()
-        assert DOUBLE_SPAWN in sample and not hellos(sample)
-        assert job_header(sample)[1] == job_header(text)[1]
-    finally:
-        tidy(result)
+    assert result.returncode != 0, text
+    assert DOUBLE_SPAWN in text, text
+    assert not hellos(text), text  # refused before any process group formed
+    # Same shape as the stored sample: same nodes, same message, nobody said hello. (How many
+    # workers got as far as the check before the step ended may differ between runs.)
+    sample = sample_output(job_name).read_text()
+    assert DOUBLE_SPAWN in sample and not hellos(sample)
+    assert job_header(sample)[1] == job_header(text)[1]
+    tidy(result)  # only when every check passed: a failed run keeps its file
