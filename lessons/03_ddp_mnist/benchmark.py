@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent.parent)]  # this lesson, and the course root (common/)
 from train import build_model, build_optimizer, load_data  # noqa: E402  (this lesson)
 
 from common.dist import cleanup, init_distributed  # noqa: E402
