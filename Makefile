@@ -51,8 +51,11 @@ lint: venv system
 	$(VENV)/bin/ruff check .
 	git ls-files -co --exclude-standard '*.sh' | xargs -r shellcheck
 
+# One pytest run: unit tests, real process groups, the local cluster's jobs, and every lesson
+# notebook executed by nbval (outputs compared after tests/nbval_sanitize.cfg masks ids,
+# ports, times and paths).
 test: setup
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest tests lessons --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 demo: venv data cluster-up
 	@mkdir -p runs
