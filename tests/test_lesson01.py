@@ -5,7 +5,6 @@ Cluster: both job scripts are submitted to the local SLURM cluster and every lin
 sample output kept in the lesson folder has the same shape as the fresh run.
 """
 
-import os
 import re
 import socket
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import hostlist
 import pytest
+from helpers import clean_environ, sample_output, tidy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "01_hello_allreduce"
@@ -31,13 +31,6 @@ WORLD_LINE = re.compile(
 JOB_LINE = re.compile(r"^job (?P<job>\d+) on nodes (?P<nodes>\S+):")
 
 
-def clean_environ(**extra):
-    """This environment without launcher variables (the suite may itself run inside a job)."""
-    drop = ("SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    environ.update({"PYTHONPATH": str(ROOT), "COURSE_DIST_TIMEOUT": "30", "OMP_NUM_THREADS": "1"})
-    environ.update(extra)
-    return environ
 
 
 def run_lesson(script, *args, **extra):
@@ -168,17 +161,6 @@ def shape(text):
     }
 
 
-def sample_output(job_name):
-    samples = [p for p in LESSON.glob(f"{job_name}-*.out")
-               if re.fullmatch(rf"{re.escape(job_name)}-\d+\.out", p.name)]
-    assert len(samples) == 1, f"expected one sample output {job_name}-<jobid>.out in {LESSON}"
-    return samples[0]
-
-
-def tidy(result):
-    path = Path(result.output_path)
-    if path.parent.resolve() == ROOT:  # the job wrote into the course root
-        path.unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(300)
@@ -196,6 +178,6 @@ def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
     assert world["addr"] == hosts[0], text
     assert world["launcher"] == launcher and world["backend"] in ("gloo", "nccl")
     # The stored sample is what this script printed on the local cluster: same shape.
-    sample = sample_output(job_name)
+    sample = sample_output(LESSON, job_name)
     assert shape(sample.read_text()) == shape(text), f"{sample} vs {result.output_path}"
     tidy(result)  # only when every check passed: a failed run keeps its file

@@ -7,7 +7,6 @@ pitfall job fails with common/'s double-spawn message; the sample outputs kept i
 folder have the same shape as a fresh run.
 """
 
-import os
 import re
 import socket
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import hostlist
 import pytest
+from helpers import clean_environ, sample_output, tidy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -39,14 +39,6 @@ JOB_LINE = re.compile(r"^job (?P<job>\d+) on nodes (?P<nodes>\S+):")
 DOUBLE_SPAWN = "double spawn: srun started 2 tasks on this node"
 
 
-def clean_environ(**extra):
-    """This environment without launcher variables (the suite may itself run inside a job)."""
-    drop = ("SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    environ.update({"PYTHONPATH": str(ROOT), "COURSE_DIST_TIMEOUT": "30", "OMP_NUM_THREADS": "1"})
-    environ["PATH"] = f"{BIN}{os.pathsep}{environ.get('PATH', '')}"  # python/torchrun of the venv
-    environ.update(extra)
-    return environ
 
 
 def run(cmd, **extra):
@@ -187,17 +179,6 @@ def shape(text):
     }
 
 
-def sample_output(job_name):
-    samples = [p for p in LESSON.glob(f"{job_name}-*.out")
-               if re.fullmatch(rf"{re.escape(job_name)}-\d+\.out", p.name)]
-    assert len(samples) == 1, f"expected one sample output {job_name}-<jobid>.out in {LESSON}"
-    return samples[0]
-
-
-def tidy(result):
-    path = Path(result.output_path)
-    if path.parent.resolve() == ROOT:  # the job wrote into the course root
-        path.unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(300)
@@ -217,7 +198,7 @@ def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
             (host, str(i)) for i, host in enumerate(hosts)], text
         assert {(h["addr"], h["nodes"], h["nproc"]) for h in helper} == {
             (hosts[0], str(nodes), str(per_node))}, text
-    sample = sample_output(job_name)
+    sample = sample_output(LESSON, job_name)
     assert shape(sample.read_text()) == shape(text), f"{sample} vs {result.output_path}"
     tidy(result)  # only when every check passed: a failed run keeps its file
 
@@ -232,7 +213,7 @@ def test_pitfall_double_spawn_fails_with_clear_message(cluster, sbatch_wait):
     assert not hellos(text), text  # refused before any process group formed
     # Same shape as the stored sample: same nodes, same message, nobody said hello. (How many
     # workers got as far as the check before the step ended may differ between runs.)
-    sample = sample_output(job_name).read_text()
+    sample = sample_output(LESSON, job_name).read_text()
     assert DOUBLE_SPAWN in sample and not hellos(sample)
     assert job_header(sample)[1] == job_header(text)[1]
     tidy(result)  # only when every check passed: a failed run keeps its file

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import clean_environ  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "03_ddp_mnist"
@@ -36,13 +37,6 @@ def mnist_ready():
     prepare(log=lambda *_: None)
 
 
-def clean_environ(**extra):
-    """This environment without launcher variables (the suite may itself run inside a job)."""
-    drop = ("SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    environ.update({"PYTHONPATH": str(ROOT), "COURSE_DIST_TIMEOUT": "30", "OMP_NUM_THREADS": "1"})
-    environ.update(extra)
-    return environ
 
 
 def command(nprocs, *args):

@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import clean_environ  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -24,13 +25,6 @@ BIN = Path(sys.executable).parent
 TIMEOUT = 60  # seconds for a whole run; the rendezvous itself is bounded by COURSE_DIST_TIMEOUT
 
 
-def clean_environ(**extra):
-    """This environment without launcher variables (the suite may itself run inside a job)."""
-    drop = ("SLURM_", "TORCHELASTIC_", "RANK", "LOCAL_", "WORLD_SIZE", "GROUP_", "MASTER_")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    environ.update({"PYTHONPATH": str(ROOT), "COURSE_DIST_TIMEOUT": "30", "OMP_NUM_THREADS": "1"})
-    environ.update(extra)
-    return environ
 
 
 def results(stdout):
