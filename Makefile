@@ -55,7 +55,7 @@ lint: venv system
 # notebook executed by nbval (outputs compared after tests/nbval_sanitize.cfg masks ids,
 # ports, times and paths).
 test: setup
-	$(VENV)/bin/pytest tests lessons --nbval-lax --nbval-sanitize-with tests/nbval_sanitize.cfg
+	$(VENV)/bin/pytest tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 demo: venv data cluster-up
 	@mkdir -p runs

@@ -6,6 +6,7 @@
 #                                               # have no internet
 #   sbatch lessons/03_ddp_mnist/job.sh          # from the course root
 #   sbatch lessons/03_ddp_mnist/job.sh 1        # another number of epochs (or EPOCHS=1 sbatch ...)
+#   sbatch lessons/03_ddp_mnist/job.sh 2 --train-subset 6000   # more arguments go to train.py
 #
 #SBATCH --job-name=ddp-mnist
 #SBATCH --nodes=2
@@ -24,6 +25,7 @@ set -euo pipefail
 source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
 
 EPOCHS=${1:-${EPOCHS:-3}}
+(( $# )) && shift  # what is left in "$@" is passed on to train.py
 # Set CHECKPOINT to continue another job's run (same number of tasks, batch size and epochs).
 # By default the file is keyed by the job id, which a requeued job keeps: its second run finds
 # the first run's checkpoint. Job ids can repeat (a re-created cluster counts from 1 again), so a
@@ -65,7 +67,7 @@ trap forward_usr1 USR1
 
 # Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch: pass it on explicitly.
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" \
-    bash "$COURSE_ROOT/lessons/03_ddp_mnist/train.sh" &
+    bash "$COURSE_ROOT/lessons/03_ddp_mnist/train.sh" "$@" &
 srun_pid=$!
 # A trap cuts `wait` short (status > 128) while srun is still running: then wait again.
 status=
