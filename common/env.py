@@ -562,6 +562,17 @@ def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> d
     shell (srun python ..., torchrun's workers) would inherit them and take them for its own.
     """
     environ = os.environ if environ is None else environ
+    nproc = nproc_per_node(environ)
+    if env.launcher == "slurm" and env.local_world_size > 1:
+        # These values are for ONE launcher per node. With several srun tasks here, each would
+        # start a launcher claiming the same NODE_RANK and port: stop before they fight over it.
+        raise LaunchError(
+            f"double spawn: srun started {env.local_world_size} tasks on this node "
+            f"(SLURM_STEP_TASKS_PER_NODE) and each would start a per-node launcher with "
+            f"NPROC_PER_NODE={nproc} processes. A per-node launcher needs exactly one task per "
+            f"node: srun --ntasks-per-node=1 (or drop the launcher and let srun start one task "
+            f"per process)."
+        )
     num_nodes = env.num_nodes
     if env.launcher == "single" and environ.get("SLURM_JOB_ID"):
         num_nodes = (
@@ -574,7 +585,7 @@ def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> d
         "MASTER_PORT": env.master_port,
         "NNODES": num_nodes,
         "NODE_RANK": env.node_rank,
-        "NPROC_PER_NODE": nproc_per_node(environ),
+        "NPROC_PER_NODE": nproc,
     }
 
 

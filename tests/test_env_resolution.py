@@ -643,6 +643,9 @@ def test_cli_export_in_the_batch_script():
         ((), slurm_step(0, 0, 0, 2, "node[1-", "1(x2)"), "SLURM_STEP_NODELIST"),
         ((), {"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR"),
         (("--bogus",), {}, "--bogus"),
+        # --export feeds one per-node launcher; two srun tasks on this node would start two.
+        (("--export",), slurm_step(1, 1, 0, 4, "localhost,node2", "2(x2)"),
+         "double spawn: srun started 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)"),
     ],
 )
 def test_cli_bad_input_exits_2(args, extra, needle):

@@ -1,9 +1,9 @@
 #!/bin/bash
 # THE PITFALL (this job is meant to fail): two tasks per node AND a launcher in each task.
 # srun starts 2 copies of node_launch.sh per node and each torchrun spawns 2 workers: 8
-# processes for 4 GPUs, and two launchers per node that both claim the same node rank. The
-# second launcher on the first node cannot open the rendezvous port (EADDRINUSE); every worker
-# that does start stops at once with common/'s "double spawn" error instead of hanging.
+# processes for 4 GPUs, and two launchers per node that both claim the same node rank and port.
+# `python -m common.env --export` in node_launch.sh refuses this at once with its "double spawn"
+# error (every worker would refuse it too), so the job fails in seconds instead of hanging.
 #
 #   sbatch lessons/02_launch_vs_srun/pitfall_double_spawn.sh          (from the course root)
 #
