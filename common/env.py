@@ -28,14 +28,19 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import ipaddress
 import json
 import os
+import re
 import shlex
 import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-import hostlist
+try:  # python-hostlist reads SLURM's host list syntax in full (requirements.txt installs it)
+    import hostlist
+except ImportError:  # container images (NGC, pyxis) ship torch and not our packages
+    hostlist = None
 
 LAUNCHERS = ("torchrun", "torch.distributed.launch", "env", "slurm", "mp.spawn", "single")
 
@@ -48,6 +53,20 @@ DEFAULT_MASTER_PORT = 29500
 # connections.
 MASTER_PORT_BASE = 15000
 MASTER_PORT_SPAN = 15000
+
+
+# Step ids that are not srun steps (slurm.h: SLURM_BATCH_SCRIPT 0xfffffffb, SLURM_EXTERN_CONT
+# 0xfffffffc, SLURM_INTERACTIVE_STEP 0xfffffffa, SLURM_PENDING_STEP 0xfffffffd, ...): the batch
+# script, the extern step and salloc's interactive shell also run "in a step", and newer Slurm
+# exports their ids in SLURM_STEP_ID. All sentinels lie at 0xfffffff0 and above.
+SENTINEL_STEP_ID_MIN = 0xFFFFFFF0
+
+# SLURM's ids and counts are plain ASCII digits; int() would also take "1_0", "+3", " -2",
+# Arabic-Indic or full-width digits.
+_ASCII_INT = re.compile(r"[0-9]+")
+_TASKS_PER_NODE = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
+# More hosts than any cluster has: a longer expansion is a malformed variable, not a job.
+MAX_HOSTS = 100_000
 
 
 class LaunchError(RuntimeError):
@@ -79,34 +98,50 @@ class LaunchEnv:
 # --------------------------------------------------------------------------- small readers
 
 
-def _int_var(environ: Mapping[str, str], name: str, *, hint: str = "") -> int:
+def _int_var(environ: Mapping[str, str], name: str, *, hint: str = "", minimum: int = 0) -> int:
     """Read a required integer variable; a missing or malformed one is a LaunchError."""
     if name not in environ:
         raise LaunchError(f"{name} is not set. {hint}".strip())
-    return _parse_int(environ[name], name, hint=hint)
+    return _parse_int(environ[name], name, hint=hint, minimum=minimum)
 
 
-def _opt_int_var(environ: Mapping[str, str], name: str, *, hint: str = "") -> int | None:
+def _opt_int_var(
+    environ: Mapping[str, str], name: str, *, hint: str = "", minimum: int = 0
+) -> int | None:
     if name not in environ:
         return None
-    return _parse_int(environ[name], name, hint=hint)
+    return _parse_int(environ[name], name, hint=hint, minimum=minimum)
 
 
-def _parse_int(text: str, name: str, *, hint: str = "") -> int:
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise LaunchError(f"{name}={text!r} is not an integer. {hint}".strip()) from None
+def _parse_int(text: str, name: str, *, hint: str = "", minimum: int = 0) -> int:
+    """A whole number >= ``minimum`` written in ASCII digits, else a LaunchError naming ``name``."""
+    stripped = text.strip()
+    if not _ASCII_INT.fullmatch(stripped):
+        raise LaunchError(
+            f"{name}={text!r} is not a whole number (ASCII digits 0-9 only). {hint}".strip()
+        )
+    value = int(stripped)
+    if value < minimum:
+        raise LaunchError(f"{name}={value} must be at least {minimum}. {hint}".strip())
+    return value
 
 
 def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
     """Expand a SLURM host list such as ``gpu[01-03,07],cpu5`` (zero padding is kept).
 
-    ``variable`` names where the text came from, for the error message.
+    ``variable`` names where the text came from, for the error message.  python-hostlist does
+    the work where it is installed; inside a container without it, :func:`_expand_builtin`.
     """
     try:
-        hosts = hostlist.expand_hostlist(text)
-    except hostlist.BadHostlist as exc:
+        if hostlist is not None:
+            hosts = hostlist.expand_hostlist(text)
+        else:
+            hosts = _expand_builtin(text)
+    except RecursionError:  # python-hostlist recurses once per bracket group
+        raise LaunchError(
+            f"{variable} has too many bracket groups to be a host list ({text[:40]!r}...)"
+        ) from None
+    except (ValueError, getattr(hostlist, "BadHostlist", ValueError)) as exc:
         raise LaunchError(
             f"{variable}={text!r} is not a valid host list ({exc}); expected e.g. 'node[1-2],gpu05'"
         ) from None
@@ -115,29 +150,85 @@ def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
     return hosts
 
 
+def _expand_builtin(text: str) -> list[str]:
+    """SLURM's host list syntax without python-hostlist: ``a[1-2,5]-b[01-02],c``.
+
+    Only for images that ship torch and nothing else (tests check that it agrees with
+    python-hostlist): comma-separated names, each with any number of ``[ranges]`` groups whose
+    product is taken, zero padding given by the lower bound.
+    """
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+        if not 0 <= depth <= 1:
+            raise ValueError("unbalanced or nested brackets")
+    if depth:
+        raise ValueError("'[' without ']'")
+    items.append(text[start:])
+    hosts: list[str] = []
+    for item in filter(None, items):  # "a,,b" is a,b (as for python-hostlist)
+        names = [""]
+        # "rack[1-2]-gpu[08-09]" splits into "rack", "1-2", "-gpu", "08-09", "".
+        for k, piece in enumerate(re.split(r"\[([^\[\]]*)\]", item)):
+            suffixes = _expand_ranges(piece) if k % 2 else [piece]
+            names = [n + s for n in names for s in suffixes]
+            if len(hosts) + len(names) > MAX_HOSTS:
+                raise ValueError(f"more than {MAX_HOSTS} hosts")
+        hosts.extend(names)
+    return hosts
+
+
+def _expand_ranges(group: str) -> list[str]:
+    """``01-03,7`` -> ``01 02 03 7`` (the width of a range's lower bound pads the numbers)."""
+    out = []
+    for part in group.split(","):
+        low, _, high = part.partition("-")
+        if not _ASCII_INT.fullmatch(low) or (high and not _ASCII_INT.fullmatch(high)):
+            raise ValueError(f"bad range {part!r}")
+        first, last = int(low), int(high or low)
+        if last < first or last - first >= MAX_HOSTS:
+            raise ValueError(f"bad range {part!r}")
+        out += [f"{n:0{len(low)}d}" for n in range(first, last + 1)]
+    return out
+
+
 def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
-    """Expand SLURM's compressed task counts: ``2(x3),1`` means 2,2,2,1."""
-    try:
-        return hostlist.parse_slurm_tasks_per_node(text)
-    except hostlist.BadHostlist:
-        raise LaunchError(
-            f"{variable}={text!r} is not a SLURM task count list; expected e.g. '2(x3),1'"
-        ) from None
+    """Expand SLURM's compressed task counts: ``2(x3),1`` means 2,2,2,1.
+
+    (One regular expression: python-hostlist has the same function, but common/ must also run
+    where python-hostlist is not installed.)
+    """
+    counts: list[int] = []
+    for part in text.split(","):
+        match = _TASKS_PER_NODE.fullmatch(part.strip())
+        if not match or int(match[1]) < 1 or (match[2] and int(match[2]) < 1):
+            raise LaunchError(
+                f"{variable}={text!r} is not a SLURM task count list; expected e.g. '2(x3),1'"
+            )
+        repeat = int(match[2] or 1)
+        if len(counts) + repeat > MAX_HOSTS:
+            raise LaunchError(f"{variable}={text!r} counts more than {MAX_HOSTS} nodes.")
+        counts += [int(match[1])] * repeat
+    return counts
 
 
-def master_port_for_job(job_id: int | str, array_task_id: int | str | None = None) -> int:
+def master_port_for_job(job_id: int | str) -> int:
     """A rendezvous port that every task of one SLURM job computes alike.
 
-    ``port = MASTER_PORT_BASE + (job_id + array_task_id) % MASTER_PORT_SPAN``, i.e. a port in
-    15000-29999: unprivileged and below the Linux ephemeral range (32768-60999), so outgoing
-    connections never occupy it.  Two jobs running at the same time get different ports unless
-    their ids differ by a multiple of 15000.  The array task id is added so that the tasks of one
-    job array, should they share a job id, still differ.
+    ``port = MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN``, i.e. a port in 15000-29999:
+    unprivileged and below the Linux ephemeral range (32768-60999), so outgoing connections never
+    occupy it.  Two jobs running at the same time get different ports unless their ids differ by
+    a multiple of 15000.  Each task of a job array is a job with its own SLURM_JOB_ID, so the
+    array needs no term of its own (adding SLURM_ARRAY_TASK_ID would make job 36's task 3
+    collide with job 39).
     """
-    key = _parse_int(str(job_id), "SLURM_JOB_ID")
-    if array_task_id is not None:
-        key += _parse_int(str(array_task_id), "SLURM_ARRAY_TASK_ID")
-    return MASTER_PORT_BASE + key % MASTER_PORT_SPAN
+    return MASTER_PORT_BASE + _parse_int(str(job_id), "SLURM_JOB_ID", minimum=1) % MASTER_PORT_SPAN
 
 
 def find_free_port() -> int:
@@ -215,9 +306,19 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     """True inside a task started by srun.
 
     The batch script itself (sbatch without srun) also has SLURM_PROCID=0, SLURM_NODEID=0 and
-    job-wide counts such as SLURM_NTASKS=4, but it is one process: only srun sets SLURM_STEP_ID.
+    job-wide counts such as SLURM_NTASKS=4, but it is one process.  Slurm 22.05 gives it no step
+    id; newer Slurm exports the batch step's sentinel id (SLURM_STEP_ID=4294967291, see
+    SENTINEL_STEP_ID_MIN), as it does for salloc's interactive step.  So: a task is a process
+    with SLURM_PROCID and a step id below the sentinels, or, without any step id, with the step
+    description that only srun sets (SLURM_STEP_NUM_TASKS).
     """
-    return "SLURM_PROCID" in environ and ("SLURM_STEP_ID" in environ or "SLURM_STEPID" in environ)
+    if "SLURM_PROCID" not in environ:
+        return False
+    step_id = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
+    if step_id is None:
+        return "SLURM_STEP_NUM_TASKS" in environ
+    step_id = step_id.strip()
+    return bool(_ASCII_INT.fullmatch(step_id)) and int(step_id) < SENTINEL_STEP_ID_MIN
 
 
 def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
@@ -227,7 +328,7 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     nodeid = _int_var(environ, "SLURM_NODEID", hint=fix)
 
     ntasks_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
-    ntasks = _int_var(environ, ntasks_var, hint=fix)
+    ntasks = _int_var(environ, ntasks_var, hint=fix, minimum=1)
 
     nodes_var = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in environ else "SLURM_JOB_NODELIST"
     if nodes_var not in environ:
@@ -287,11 +388,11 @@ def _from_torch_launcher(environ, argv, ancestors, step):
         "(a WORLD_SIZE exported by a shell script hides SLURM's variables: unset it)."
     )
     rank = _int_var(environ, "RANK", hint=fix)
-    world_size = _int_var(environ, "WORLD_SIZE", hint=fix)
+    world_size = _int_var(environ, "WORLD_SIZE", hint=fix, minimum=1)
     local_rank = _opt_int_var(environ, "LOCAL_RANK")
-    local_world_size = _opt_int_var(environ, "LOCAL_WORLD_SIZE")
+    local_world_size = _opt_int_var(environ, "LOCAL_WORLD_SIZE", minimum=1)
     node_rank = _opt_int_var(environ, "GROUP_RANK")
-    num_nodes = _opt_int_var(environ, "GROUP_WORLD_SIZE")
+    num_nodes = _opt_int_var(environ, "GROUP_WORLD_SIZE", minimum=1)
 
     if launcher == "env" and step is not None:
         # RANK/WORLD_SIZE set by hand in each srun task: both describe the same processes.
@@ -349,6 +450,8 @@ def resolve_launch_env(
     argv = sys.argv if argv is None else argv
     step = _slurm_step(environ) if _in_srun_step(environ) else None
     job_id = environ.get("SLURM_JOB_ID")
+    if job_id is not None:
+        job_id = str(_parse_int(job_id, "SLURM_JOB_ID", minimum=1))
 
     if spawn_index is not None and spawn_nprocs is None:
         raise LaunchError("spawn_index given without spawn_nprocs (the nprocs passed to mp.spawn).")
@@ -400,6 +503,7 @@ def resolve_launch_env(
         rank, local_rank, world_size, local_world_size, node_rank, num_nodes = 0, 0, 1, 1, 0, 1
 
     _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
+    _check_gpus_on_node(environ, local_world_size)
     master_addr = _master_addr(environ, step, num_nodes)
     master_port = _master_port(environ, job_id, world_size)
     env = LaunchEnv(
@@ -443,6 +547,22 @@ def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_
         )
 
 
+def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> None:
+    """More processes on a node than the GPUs SLURM gave it: refuse, CUDA or not.
+
+    On a GPU cluster two ranks would share a GPU (NCCL stops with "Duplicate GPU detected");
+    on a CPU-only machine with bookkeeping GPUs the job would "work" with another world size
+    (and another global batch) than the one it is written for.
+    """
+    gpus = _opt_int_var(environ, "SLURM_GPUS_ON_NODE")
+    if gpus and local_world_size > gpus:
+        raise LaunchError(
+            f"{local_world_size} processes on this node but SLURM gave it SLURM_GPUS_ON_NODE="
+            f"{gpus} GPU(s): one process per GPU, so ask for --ntasks-per-node={gpus} (or "
+            f"--nproc-per-node={gpus}) or for --gres=gpu:{local_world_size}."
+        )
+
+
 def _master_addr(environ, step, num_nodes) -> str:
     """MASTER_ADDR if set, else the first host of the SLURM step, else this machine.
 
@@ -469,7 +589,7 @@ def _master_port(environ, job_id, world_size) -> int:
             raise LaunchError(f"MASTER_PORT={port} is outside 1-65535; use e.g. 29500.")
         return port
     if job_id:
-        return master_port_for_job(job_id, environ.get("SLURM_ARRAY_TASK_ID"))
+        return master_port_for_job(job_id)
     if world_size == 1:
         return find_free_port()  # nobody else has to agree on it
     return DEFAULT_MASTER_PORT
@@ -488,14 +608,45 @@ def _must_bind_store(env: LaunchEnv, environ: Mapping[str, str]) -> bool:
 
 
 def check_master_addr(env: LaunchEnv) -> None:
-    """The master address must resolve, or every rank would wait for a host that is not there."""
+    """The master address must resolve, or every rank would wait for a host that is not there.
+
+    When the job spans several nodes it must not be a loopback address either (``localhost``,
+    ``127.x.x.x``, ``::1``, or a name that resolves to one, such as a node's own name on Debian
+    and Ubuntu, where /etc/hosts maps it to 127.0.1.1): every node would look for rank 0 on
+    itself and wait for the rendezvous timeout.
+    """
     try:
-        socket.getaddrinfo(env.master_addr, env.master_port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(env.master_addr, env.master_port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise LaunchError(
             f"MASTER_ADDR={env.master_addr!r} does not resolve ({exc}); set MASTER_ADDR to a "
             f"host name or IP address of the node running rank 0."
         ) from None
+    if env.num_nodes > 1 and _is_loopback_name(env.master_addr):
+        check_not_loopback(env.master_addr, env.num_nodes, [info[4][0] for info in infos])
+
+
+def _is_loopback_name(addr: str) -> bool:
+    """``localhost`` or a literal loopback address."""
+    if addr.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+    except ValueError:
+        return False
+
+
+def check_not_loopback(master_addr: str, num_nodes: int, addresses: Sequence[str]) -> None:
+    """A loopback MASTER_ADDR cannot bring ``num_nodes`` > 1 nodes together: LaunchError."""
+    loopback = [a for a in addresses if ipaddress.ip_address(a.split("%")[0]).is_loopback]
+    if num_nodes > 1 and loopback:
+        shown = master_addr if master_addr in loopback else f"{master_addr} -> {loopback[0]}"
+        raise LaunchError(
+            f"MASTER_ADDR={master_addr!r} is a loopback address ({shown}) but the job spans "
+            f"{num_nodes} nodes: each node would look for rank 0 on itself. Use the first node's "
+            f'name as SLURM gives it (scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1) '
+            f"or unset MASTER_ADDR and let common.env pick it."
+        )
 
 
 def check_port_free(port: int) -> None:
@@ -576,10 +727,12 @@ def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> d
     num_nodes = env.num_nodes
     if env.launcher == "single" and environ.get("SLURM_JOB_ID"):
         num_nodes = (
-            _opt_int_var(environ, "SLURM_JOB_NUM_NODES")
-            or _opt_int_var(environ, "SLURM_NNODES")
+            _opt_int_var(environ, "SLURM_JOB_NUM_NODES", minimum=1)
+            or _opt_int_var(environ, "SLURM_NNODES", minimum=1)
             or 1
         )
+        if num_nodes > 1:  # the batch script hands these to processes on every node
+            check_master_addr(dataclasses.replace(env, num_nodes=num_nodes))
     return {
         "MASTER_ADDR": env.master_addr,
         "MASTER_PORT": env.master_port,

@@ -187,12 +187,14 @@ RESOLUTION_CASES = [
         3000,
     ),
     (
+        # Every array task is a job with its own SLURM_JOB_ID: the port follows the job id alone
+        # (adding the task id would give job 100's task 3 the port of job 103).
         "slurm-array-task",
         slurm_step(0, 0, 0, 1, "node1", "1", job_id="100", SLURM_ARRAY_TASK_ID="3"),
         {},
         ("slurm", 0, 0, 1, 1, 0, 1),
         "node1",
-        15103,
+        15100,
     ),
     (
         "slurm-fallback-job-variables",
@@ -366,7 +368,9 @@ def test_master_port_for_job():
     assert all(1024 <= p < 32768 for p in ports)  # unprivileged, below the ephemeral range
     assert master_port_for_job(1234) == master_port_for_job("1234")  # every task agrees
     assert len({master_port_for_job(j) for j in range(500, 600)}) == 100  # neighbours differ
-    assert master_port_for_job(100, 3) != master_port_for_job(100, 4)
+    for bad in ("-5", "0", "1_0", "+3", "\u0663", "\uff13"):
+        with pytest.raises(LaunchError, match="SLURM_JOB_ID"):
+            master_port_for_job(bad)
 
 
 # --------------------------------------------------------------------------- fail fast
@@ -585,21 +589,21 @@ def run_cli(*args, **extra):
 
 
 def test_cli_json_for_an_srun_task():
-    step = slurm_step(3, 1, 1, 4, "localhost,node2", "2(x2)", job_id="4242")
+    step = slurm_step(3, 1, 1, 4, "192.0.2.1,node2", "2(x2)", job_id="4242")
     proc = run_cli(**step)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1
     info = json.loads(lines[0])
     expected = {"rank": 3, "local_rank": 1, "world_size": 4, "local_world_size": 2,
-                "node_rank": 1, "num_nodes": 2, "master_addr": "localhost",
+                "node_rank": 1, "num_nodes": 2, "master_addr": "192.0.2.1",
                 "master_port": master_port_for_job(4242), "launcher": "slurm",
                 "backend": "gloo", "hostname": socket.gethostname(), "job_id": "4242"}  # fmt: skip
     assert info == expected
 
 
 def test_cli_export_feeds_a_shell():
-    step = slurm_step(1, 0, 1, 2, "localhost,node2", "1(x2)", SLURM_GPUS_ON_NODE="2")
+    step = slurm_step(1, 0, 1, 2, "192.0.2.1,node2", "1(x2)", SLURM_GPUS_ON_NODE="2")
     script = (
         'eval "$(python -m common.env --export)"; '
         'echo "$MASTER_ADDR $MASTER_PORT $NNODES $NODE_RANK $NPROC_PER_NODE ${RANK-unset}"'
@@ -614,7 +618,7 @@ def test_cli_export_feeds_a_shell():
         cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["localhost", str(15000 + 1234), "2", "1", "2", "unset"]
+    assert proc.stdout.split() == ["192.0.2.1", str(15000 + 1234), "2", "1", "2", "unset"]
 
 
 def test_cli_export_quotes_values():
@@ -627,11 +631,11 @@ def test_cli_export_quotes_values():
 
 def test_cli_export_in_the_batch_script():
     """The batch script is one process, but what it exports serves the whole job."""
-    batch = {**BATCH_SCRIPT, "SLURMD_NODENAME": "localhost", "SLURM_GPUS_ON_NODE": "2"}
+    batch = {**BATCH_SCRIPT, "SLURMD_NODENAME": "192.0.2.1", "SLURM_GPUS_ON_NODE": "2"}
     proc = run_cli("--export", **batch)
     assert proc.returncode == 0, proc.stderr
     exports = dict(shlex.split(line)[1].split("=", 1) for line in proc.stdout.splitlines())
-    assert exports == {"MASTER_ADDR": "localhost", "MASTER_PORT": str(master_port_for_job(77)),
+    assert exports == {"MASTER_ADDR": "192.0.2.1", "MASTER_PORT": str(master_port_for_job(77)),
                        "NNODES": "2", "NODE_RANK": "0", "NPROC_PER_NODE": "2"}  # fmt: skip
 
 
@@ -644,7 +648,7 @@ def test_cli_export_in_the_batch_script():
         ((), {"MASTER_ADDR": "no-such-host.invalid"}, "MASTER_ADDR"),
         (("--bogus",), {}, "--bogus"),
         # --export feeds one per-node launcher; two srun tasks on this node would start two.
-        (("--export",), slurm_step(1, 1, 0, 4, "localhost,node2", "2(x2)"),
+        (("--export",), slurm_step(1, 1, 0, 4, "192.0.2.1,node2", "2(x2)"),
          "double spawn: srun started 2 tasks on this node (SLURM_STEP_TASKS_PER_NODE)"),
     ],
 )
