@@ -551,20 +551,6 @@ def test_cuda_device_index(local_rank, local_world, visible, gpus_on_node, index
         assert cuda_device_index(env, visible, environ) == index
 
 
-def test_dist_timeout_variable(monkeypatch):
-    from common.dist import DEFAULT_TIMEOUT_S, _timeout_s
-
-    monkeypatch.delenv("COURSE_DIST_TIMEOUT", raising=False)
-    assert _timeout_s(None) == DEFAULT_TIMEOUT_S
-    assert _timeout_s(5) == 5
-    monkeypatch.setenv("COURSE_DIST_TIMEOUT", "12.5")
-    assert _timeout_s(None) == 12.5
-    for bad in ("soon", "0"):
-        monkeypatch.setenv("COURSE_DIST_TIMEOUT", bad)
-        with pytest.raises(LaunchError, match="COURSE_DIST_TIMEOUT"):
-            _timeout_s(None)
-
-
 # --------------------------------------------------------------------------- command line
 
 
