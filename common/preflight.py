@@ -1,0 +1,852 @@
+"""Preflight: will a distributed job's processes find each other?  Ask before the real job.
+
+Run it with exactly the layout of the real job, inside its allocation, before the job itself:
+
+    srun python -m common.preflight            # in the job script, right before `srun train.py`
+
+Every task checks what it can see by itself, then all of them meet over TCP at the master
+address and port that the real job will use, and rank 0 prints one report:
+
+* the master address resolves, and not to a loopback address when the step spans several nodes
+  (every node would talk to itself);
+* rank 0's node can bind the master port, and every task can connect to it within a deadline
+  (refused, timed out and "someone else answered" are told apart);
+* clocks agree within ``--max-clock-skew`` seconds (measured over that connection, NTP-style);
+* the GPUs visible on a node match the tasks on it (SLURM_GPUS_ON_NODE, CUDA_VISIBLE_DEVICES);
+* torch, CUDA, NCCL and Python versions are the same on every node;
+* NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME name interfaces that exist, and which interfaces
+  could be named (the one that routes to the master first);
+* a tiny gloo all_reduce over all tasks completes, and how long it took.
+
+Each problem is one line that says what is wrong and how to fix it; the exit status is 1 when
+there is any (0 otherwise), so a job script can stop before the real job would hang:
+
+    srun python -m common.preflight || exit 1
+
+Every wait is bounded (``--timeout``, default 15 s per phase, and a watchdog over the whole
+run), so it never hangs: a task nobody hears from is reported as missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime
+import fcntl
+import ipaddress
+import json
+import os
+import platform
+import socket
+import struct
+import sys
+import threading
+import time
+from collections.abc import Iterable, Mapping, Sequence
+
+from common.env import (
+    LaunchEnv,
+    LaunchError,
+    check_master_addr,
+    check_port_free,
+    cuda_device_index,
+    resolve_launch_env,
+)
+
+PREFIX = "preflight:"
+DEFAULT_TIMEOUT_S = 15.0
+DEFAULT_MAX_CLOCK_SKEW_S = 1.0
+TIMEOUT_VAR = "COURSE_PREFLIGHT_TIMEOUT"
+# Rehearsal only: pretend this task's clock is off by this many seconds, to see the check fire.
+CLOCK_SHIFT_VAR = "COURSE_PREFLIGHT_CLOCK_SHIFT"
+IFNAME_VARS = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+# A problem found on one task: what is wrong, and the fix.  Problems that only matter when the
+# tasks live on separate network hosts carry needs_separate_hosts=True (see _shared_network).
+Problem = dict
+
+
+def problem(what: str, fix: str, *, needs_separate_hosts: bool = False) -> Problem:
+    return {"what": what, "fix": fix, "separate": needs_separate_hosts}
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def is_loopback(address: str) -> bool:
+    """127.0.0.0/8, ::1 (and IPv4-mapped loopback)."""
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def clock_offset(t0: float, t1: float, t2: float) -> tuple[float, float]:
+    """Offset of the other clock and its error bound, from one request/reply (NTP's formula).
+
+    We sent at ``t0`` (our clock), the other side stamped ``t1`` (its clock), the reply came
+    back at ``t2`` (our clock).  If the two legs took equally long, the other clock is ahead of
+    ours by ``t1 - (t0 + t2) / 2``; whatever the legs took, the error is at most half the
+    round trip.
+    """
+    return t1 - (t0 + t2) / 2, (t2 - t0) / 2
+
+
+def nccl_ifname_matches(spec: str, names: Iterable[str]) -> list[str]:
+    """The interfaces NCCL_SOCKET_IFNAME=``spec`` selects among ``names``.
+
+    NCCL's syntax (NCCL docs, "Environment Variables", NCCL_SOCKET_IFNAME): a comma-separated
+    list of name *prefixes*; a leading ``^`` excludes the listed ones instead; a leading ``=``
+    (after ``^`` if any) makes the names exact.  ``eth`` = eth0, eth1...; ``=eth0``; ``^docker``.
+    """
+    exclude = spec.startswith("^")
+    rest = spec[1:] if exclude else spec
+    exact = rest.startswith("=")
+    rest = rest[1:] if exact else rest
+    items = [i for i in rest.split(",") if i]
+
+    def hit(name: str) -> bool:
+        return any(name == i if exact else name.startswith(i) for i in items)
+
+    return [n for n in names if hit(n) != exclude]
+
+
+def gloo_ifname_matches(spec: str, names: Iterable[str]) -> list[str]:
+    """The interfaces GLOO_SOCKET_IFNAME=``spec`` names: exact names, comma-separated."""
+    wanted = [i.strip() for i in spec.split(",") if i.strip()]
+    present = set(names)
+    return [i for i in wanted if i in present]
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    ranks = sorted(set(ranks))
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ",".join(parts)
+
+
+def busbw_allreduce(algbw: float, world_size: int) -> float:
+    """nccl-tests' bus bandwidth of an all_reduce: algbw x 2(n-1)/n (doc/PERFORMANCE.md)."""
+    return algbw * 2 * (world_size - 1) / world_size if world_size > 1 else algbw
+
+
+# --------------------------------------------------------------------------- this task
+
+
+def interfaces() -> list[dict]:
+    """This host's network interfaces: name, IPv4 address (or None), up, loopback.
+
+    Read with the same ioctls ``ifconfig`` uses (Linux); elsewhere only the names are known.
+    """
+    found = []
+    for _, name in socket.if_nameindex():
+        entry = {"name": name, "ipv4": None, "up": None, "loopback": name == "lo"}
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = struct.pack("256s", name.encode()[:15])
+            with contextlib.suppress(OSError, AttributeError):
+                flags = struct.unpack("H", fcntl.ioctl(s.fileno(), 0x8913, packed)[16:18])[0]
+                entry["up"] = bool(flags & 0x1)  # IFF_UP  (SIOCGIFFLAGS = 0x8913)
+                entry["loopback"] = bool(flags & 0x8)  # IFF_LOOPBACK
+            with contextlib.suppress(OSError, AttributeError):
+                addr = fcntl.ioctl(s.fileno(), 0x8915, packed)[20:24]  # SIOCGIFADDR
+                entry["ipv4"] = socket.inet_ntoa(addr)
+        found.append(entry)
+    return found
+
+
+def route_to(address: str) -> str | None:
+    """The local address this host would use to reach ``address`` (no packet is sent)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.connect((address, 9))  # UDP connect only picks the route
+            return s.getsockname()[0]
+    except OSError:
+        return None
+
+
+def network_identity() -> str:
+    """Two tasks with the same value share one network stack: same kernel, same namespace."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.stat('/proc/self/ns/net').st_ino}"
+    except OSError:
+        return f"{socket.gethostname()}:?"
+
+
+def versions() -> dict:
+    import torch
+
+    nccl = None
+    if torch.cuda.is_available():
+        with contextlib.suppress(Exception):
+            v = torch.cuda.nccl.version()
+            nccl = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+    return {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "nccl": nccl,
+        "python": platform.python_version(),
+    }
+
+
+def _visible_list(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    return [d for d in text.split(",") if d.strip()]
+
+
+def gpu_facts(environ: Mapping[str, str]) -> dict:
+    import torch
+
+    return {
+        "slurm_gpus_on_node": environ.get("SLURM_GPUS_ON_NODE"),
+        "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
+        "torch_cuda_devices": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+    }
+
+
+def check_gpus(env: LaunchEnv, facts: Mapping, environ: Mapping[str, str]) -> list[Problem]:
+    """Fewer GPUs than processes on a node is a problem; more is only idle GPUs.
+
+    torch's own count decides when it sees CUDA; on a machine without CUDA the GPUs SLURM
+    declared (CUDA_VISIBLE_DEVICES) are compared, as on the course's local cluster.
+    """
+    visible = facts["torch_cuda_devices"] or len(_visible_list(facts["cuda_visible_devices"]) or [])
+    if not visible:
+        return []  # no GPU anywhere: gloo on the CPU, nothing to match
+    try:
+        cuda_device_index(env, visible, environ)
+    except LaunchError as exc:
+        return [problem(str(exc).rstrip("."), "")]
+    return []
+
+
+def check_ifname_vars(
+    environ: Mapping[str, str], ifaces: Sequence[Mapping], multi_node: bool
+) -> list[Problem]:
+    names = [i["name"] for i in ifaces]
+    loopbacks = {i["name"] for i in ifaces if i["loopback"]}
+    usable = ", ".join(i["name"] for i in ifaces if not i["loopback"] and i["ipv4"]) or "none"
+    found = []
+    for var in IFNAME_VARS:
+        spec = environ.get(var)
+        if not spec:
+            continue
+        chosen = (nccl_ifname_matches if var.startswith("NCCL") else gloo_ifname_matches)(
+            spec, names
+        )
+        if not chosen:
+            found.append(problem(
+                f"{var}={spec} matches no interface on this node (it has {', '.join(names)})",
+                f"export {var}=<one of: {usable}> or unset it",
+            ))  # fmt: skip
+        elif multi_node and set(chosen) <= loopbacks:
+            found.append(problem(
+                f"{var}={spec} selects only the loopback interface, which other nodes cannot "
+                f"reach: each node would advertise 127.0.0.1 to the others",
+                f"export {var}=<one of: {usable}> (the interface on the nodes' network)",
+                needs_separate_hosts=True,
+            ))  # fmt: skip
+    return found
+
+
+def check_master(env: LaunchEnv) -> tuple[list[str], list[Problem]]:
+    """The master address's IPs, and what is wrong with it as seen from this task.
+
+    common.env's own check first (it resolves, and is not ``localhost`` or a literal loopback
+    address in a multi-node job).  A *name* that resolves to loopback (Debian's 127.0.1.1 for a
+    node's own name) is a problem only when the tasks really sit on separate network stacks: on
+    the course's local cluster every node is this machine and ``node1`` is 127.0.0.1.
+    """
+    try:
+        check_master_addr(env)
+    except LaunchError as exc:
+        return [], [problem(str(exc).rstrip("."), "")]
+    infos = socket.getaddrinfo(env.master_addr, env.master_port, type=socket.SOCK_STREAM)
+    ips = list(dict.fromkeys(info[4][0] for info in infos))
+    if env.num_nodes > 1 and all(is_loopback(ip) for ip in ips):
+        return ips, [problem(
+            f"MASTER_ADDR={env.master_addr} resolves to {ips[0]}, a loopback address, but the "
+            f"step spans {env.num_nodes} nodes: every node would look for rank 0 on itself",
+            "give the nodes' names their network addresses (DNS, /etc/hosts), or export "
+            "MASTER_ADDR=<rank 0's address on the nodes' network>",
+            needs_separate_hosts=True,
+        )]  # fmt: skip
+    return ips, []
+
+
+def check_hostname_for_gloo(environ: Mapping[str, str], multi_node: bool) -> list[Problem]:
+    """Without GLOO_SOCKET_IFNAME, gloo binds to the address its host name resolves to."""
+    if not multi_node or environ.get("GLOO_SOCKET_IFNAME"):
+        return []
+    name = socket.gethostname()
+    try:
+        ips = {info[4][0] for info in socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)}
+    except (socket.gaierror, UnicodeError):
+        ips = set()
+    if not ips:
+        return [problem(
+            f"this node's name {name} does not resolve; without GLOO_SOCKET_IFNAME gloo then "
+            f"falls back to the loopback address, which other nodes cannot reach",
+            "export GLOO_SOCKET_IFNAME=<the interface on the nodes' network> (see the "
+            "interfaces below), or add the name to DNS or /etc/hosts",
+            needs_separate_hosts=True,
+        )]  # fmt: skip
+    if all(is_loopback(ip) for ip in ips):
+        return [problem(
+            f"this node's name {name} resolves to {sorted(ips)[0]} (loopback); without "
+            f"GLOO_SOCKET_IFNAME gloo uses that address, which other nodes cannot reach",
+            "export GLOO_SOCKET_IFNAME=<the interface on the nodes' network> (see the "
+            "interfaces below), or fix /etc/hosts",
+            needs_separate_hosts=True,
+        )]  # fmt: skip
+    return []
+
+
+@dataclasses.dataclass
+class Facts:
+    """Everything one task reports to rank 0."""
+
+    rank: int
+    host: str
+    node_rank: int
+    network: str
+    versions: dict
+    gpus: dict
+    local_world_size: int
+    interfaces: list
+    route: dict
+    problems: list
+    clock: dict | None = None  # this clock minus rank 0's, and the error bound, seconds
+    connect_s: float | None = None
+
+
+def local_facts(env: LaunchEnv, environ: Mapping[str, str]) -> Facts:
+    multi = env.num_nodes > 1
+    ips, found = check_master(env)
+    ifaces = interfaces()
+    route_ip = route_to(ips[0]) if ips else None
+    route_if = next((i["name"] for i in ifaces if route_ip and i["ipv4"] == route_ip), None)
+    gpus = gpu_facts(environ)
+    found += check_gpus(env, gpus, environ)
+    found += check_ifname_vars(environ, ifaces, multi)
+    found += check_hostname_for_gloo(environ, multi)
+    return Facts(
+        rank=env.rank,
+        host=env.hostname,
+        node_rank=env.node_rank,
+        network=network_identity(),
+        versions=versions(),
+        gpus=gpus,
+        local_world_size=env.local_world_size,
+        interfaces=ifaces,
+        route={"master_ips": ips, "local_ip": route_ip, "iface": route_if},
+        problems=found,
+    )
+
+
+# --------------------------------------------------------------------------- across tasks
+
+
+def compare(
+    reports: Mapping[int, Mapping], world_size: int, max_skew: float
+) -> tuple[list[tuple[str, list[int], Problem]], list[str]]:
+    """What rank 0 concludes from every task's report (``reports``: rank -> Facts as dict).
+
+    Returns (problems, notes): each problem as (host, ranks, problem) with identical problems of
+    several ranks on one host merged; notes are informative lines.
+    """
+    found: list[tuple[str, int, Problem]] = []
+    notes: list[str] = []
+    ranks = sorted(reports)
+    missing = [r for r in range(world_size) if r not in reports]
+    if missing:
+        found.append(("", -1, problem(
+            f"rank(s) {format_ranks(missing)} of WORLD_SIZE={world_size} never reached rank 0's "
+            f"port (their own PROBLEM lines, if any, say why)",
+            "check that every task started (srun's errors), that WORLD_SIZE is the number of "
+            "processes really started, and that MASTER_ADDR/MASTER_PORT are the same for all "
+            "tasks and reachable from every node",
+        )))  # fmt: skip
+
+    shared = len({reports[r]["network"] for r in ranks}) == 1 and not missing
+    for r in ranks:
+        for p in reports[r]["problems"]:
+            if p.get("separate") and shared:
+                continue  # one network stack: loopback really reaches every task
+            found.append((reports[r]["host"], r, p))
+    if shared:
+        downgraded = {p["what"] for r in ranks for p in reports[r]["problems"] if p.get("separate")}
+        notes.extend(
+            f"fine here, where every task shares one network stack (one machine), but a "
+            f"problem on separate nodes: {what}"
+            for what in sorted(downgraded)
+        )
+
+    # Versions: the same everywhere, else name each variant with where it runs.
+    for key in ("torch", "cuda", "nccl", "python"):
+        variants: dict[str, list[int]] = {}
+        for r in ranks:
+            variants.setdefault(str(reports[r]["versions"].get(key)), []).append(r)
+        if len(variants) > 1:
+            where = "; ".join(
+                f"{v} on {_hosts_of(reports, rs)} (ranks {format_ranks(rs)})"
+                for v, rs in variants.items()
+            )
+            found.append(("", -1, problem(
+                f"{key} versions differ between tasks: {where}",
+                "use one Python environment for every node (a venv on a shared filesystem, "
+                "COURSE_VENV), or the same container image",
+            )))  # fmt: skip
+
+    # Clocks: offsets to rank 0, measured by each task over its connection.
+    for r in ranks:
+        clock = reports[r].get("clock")
+        if clock and abs(clock["offset"]) - clock["error"] > max_skew:
+            ahead = "ahead of" if clock["offset"] > 0 else "behind"
+            found.append((reports[r]["host"], r, problem(
+                f"clock is {abs(clock['offset']):.3f} s {ahead} rank 0's (+/- "
+                f"{clock['error']:.3f} s), more than the {max_skew:g} s allowed",
+                "synchronise the nodes' clocks (chrony/ntpd; ask the admins): log times, "
+                "file times on the shared filesystem and timeouts stop agreeing",
+            )))  # fmt: skip
+
+    # The same problem on several tasks is one line naming all of them.
+    merged: dict[tuple[str, str], tuple[list[str], list[int]]] = {}
+    for host, r, p in found:
+        hosts, rs = merged.setdefault((p["what"], p["fix"]), ([], []))
+        if host and host not in hosts:
+            hosts.append(host)
+        if r >= 0:
+            rs.append(r)
+    problems = [
+        (",".join(hosts), rs, {"what": what, "fix": fix})
+        for (what, fix), (hosts, rs) in merged.items()
+    ]
+    return problems, notes
+
+
+def _hosts_of(reports: Mapping[int, Mapping], ranks: Iterable[int]) -> str:
+    return ",".join(dict.fromkeys(reports[r]["host"] for r in ranks))
+
+
+def problem_line(host: str, ranks: Sequence[int], p: Mapping) -> str:
+    """``preflight: PROBLEM on <hosts> (rank <ranks>): <what>. Fix: <fix>.``"""
+    where = f" on {host}" if host else ""
+    where += f" (rank {format_ranks(ranks)})" if ranks else ""
+    fix = f" Fix: {p['fix']}." if p["fix"] else ""  # common.env's messages carry their own
+    return f"{PREFIX} PROBLEM{where}: {p['what']}.{fix}"
+
+
+# --------------------------------------------------------------------------- the meeting
+
+
+class Deadline:
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+
+def _now() -> float:
+    return time.time() + float(os.environ.get(CLOCK_SHIFT_VAR) or 0)
+
+
+def _send(sock: socket.socket, message: dict) -> None:
+    sock.sendall((json.dumps(message) + "\n").encode())
+
+
+def _recv(sock: socket.socket, buf: bytearray, deadline: Deadline) -> dict:
+    """One newline-terminated JSON message; socket.timeout when the deadline passes."""
+    while b"\n" not in buf:
+        left = deadline.left()
+        if left <= 0:
+            raise TimeoutError("deadline passed")
+        sock.settimeout(left)
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("the other side closed the connection")
+        buf += chunk
+    line, _, rest = bytes(buf).partition(b"\n")
+    buf[:] = rest
+    return json.loads(line)
+
+
+def _token(env: LaunchEnv) -> str:
+    """Both sides must agree on it, or we reached somebody else's service."""
+    return f"course-preflight:{env.job_id}:{env.world_size}:{env.master_port}"
+
+
+def _listen(port: int) -> socket.socket:
+    """Rank 0 opens the master port on every address, as torch's TCPStore does."""
+    if socket.has_dualstack_ipv6():
+        return socket.create_server(("", port), family=socket.AF_INET6, dualstack_ipv6=True)
+    return socket.create_server(("", port))
+
+
+class Server:
+    """Rank 0: accept one connection per other rank, answer the clock probe, keep reports."""
+
+    def __init__(self, env: LaunchEnv, sock: socket.socket, own: Facts):
+        self.env, self.sock = env, sock
+        self.reports: dict[int, dict] = {0: dataclasses.asdict(own)}
+        self.conns: dict[int, tuple[socket.socket, bytearray]] = {}
+        self.lock = threading.Lock()
+        self.intruders: list[str] = []
+
+    def gather(self, deadline: Deadline) -> None:
+        threads = []
+        self.sock.settimeout(0.2)
+        while deadline.left() > 0 and len(self.reports) < self.env.world_size:
+            try:
+                conn, addr = self.sock.accept()
+            except TimeoutError:
+                continue
+            t = threading.Thread(target=self._serve, args=(conn, addr, deadline), daemon=True)
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join(deadline.left() + 0.5)
+
+    def _serve(self, conn: socket.socket, addr, deadline: Deadline) -> None:
+        buf = bytearray()
+        try:
+            hello = _recv(conn, buf, deadline)
+            if hello.get("token") != _token(self.env):
+                with self.lock:
+                    self.intruders.append(f"{addr[0]} sent {str(hello)[:80]}")
+                conn.close()
+                return
+            _send(conn, {"t1": _now(), "host": self.env.hostname})
+            report = _recv(conn, buf, deadline)
+            rank = report["rank"]
+            with self.lock:
+                if rank in self.reports:
+                    self.intruders.append(f"rank {rank} connected twice (from {addr[0]})")
+                    conn.close()
+                    return
+                self.reports[rank] = report
+                self.conns[rank] = (conn, buf)
+        except (OSError, ValueError, KeyError):
+            conn.close()
+
+    def tell_all(self, message: dict) -> None:
+        for conn, _ in self.conns.values():
+            with contextlib.suppress(OSError):
+                conn.settimeout(2)
+                _send(conn, message)
+
+    def close(self) -> None:
+        for conn, _ in self.conns.values():
+            conn.close()
+        self.sock.close()
+
+
+def connect(env: LaunchEnv, deadline: Deadline) -> tuple[socket.socket | None, str]:
+    """Connect to rank 0, retrying while it may still be starting; (socket, '') or (None, why)."""
+    why = "no attempt"
+    while deadline.left() > 0:
+        try:
+            sock = socket.create_connection(
+                (env.master_addr, env.master_port), timeout=min(2.0, deadline.left())
+            )
+            return sock, ""
+        except socket.gaierror as exc:
+            return None, f"MASTER_ADDR={env.master_addr} does not resolve ({exc})"
+        except TimeoutError:
+            why = "timed out (packets dropped: a firewall, or an address of the wrong network)"
+        except ConnectionRefusedError:
+            why = "connection refused (nothing listens there: rank 0 not started, or the " \
+                  "address points to another host)"
+        except OSError as exc:
+            why = f"{exc.strerror or exc}"
+        time.sleep(min(0.2, deadline.left()))
+    return None, why
+
+
+@dataclasses.dataclass
+class Outcome:
+    problems: list = dataclasses.field(default_factory=list)  # (host, ranks, problem)
+    notes: list = dataclasses.field(default_factory=list)
+    run_allreduce: bool = False
+
+
+def meet(env: LaunchEnv, own: Facts, timeout: float, max_skew: float) -> Outcome | None:
+    """The TCP phase.  Rank 0 returns the outcome for everyone; other ranks return what rank 0
+    told them (None: they never got through, and printed their own problems)."""
+    deadline = Deadline(timeout)
+    if env.rank == 0:
+        try:
+            check_port_free(env.master_port)
+            sock = _listen(env.master_port)
+        except (LaunchError, OSError) as exc:
+            what = str(exc).split("; ")[0] if isinstance(exc, LaunchError) else (
+                f"cannot open MASTER_PORT={env.master_port} on {env.hostname} "
+                f"({getattr(exc, 'strerror', None) or exc})")  # fmt: skip
+            p = problem(what, "export MASTER_PORT=<a free port>, e.g. in 20000-30000, the same "
+                        "for every task")
+            return Outcome(problems=[(env.hostname, [0], p)])
+        server = Server(env, sock, own)
+        try:
+            server.gather(deadline)
+            problems, notes = compare(server.reports, env.world_size, max_skew)
+            for text in server.intruders:
+                problems.append((env.hostname, [0], problem(
+                    f"an unexpected connection on MASTER_PORT={env.master_port}: {text}",
+                    "give this job a port nobody else uses (MASTER_PORT), and the tasks "
+                    "distinct ranks",
+                )))  # fmt: skip
+            outcome = Outcome(problems, notes, run_allreduce=not problems)
+            server.tell_all({"problems": len(problems), "allreduce": outcome.run_allreduce})
+            outcome.notes.extend(_summary(env, server.reports, timeout))
+            return outcome
+        finally:
+            server.close()
+
+    start = time.monotonic()
+    sock, why = connect(env, deadline)
+    if sock is None:
+        where = f"{env.master_addr}:{env.master_port}"
+        own.problems.insert(0, problem(
+            f"cannot reach rank 0 at MASTER_ADDR:MASTER_PORT={where} within {timeout:g} s: {why}",
+            "check that rank 0 started and that MASTER_ADDR names rank 0's node on an address "
+            "this node can reach (its network interface, not loopback)",
+        ))  # fmt: skip
+        return None
+    connect_s = time.monotonic() - start
+    buf = bytearray()
+    try:
+        with sock:
+            t0 = _now()
+            _send(sock, {"token": _token(env), "rank": env.rank})
+            reply = _recv(sock, buf, deadline)
+            t2 = _now()
+            offset, error = clock_offset(t0, reply["t1"], t2)
+            own.clock = {"offset": -offset, "error": error}  # > 0: this clock is ahead
+            own.connect_s = connect_s
+            _send(sock, dataclasses.asdict(own))
+            verdict = _recv(sock, buf, Deadline(timeout + 5))
+    except (OSError, ValueError, KeyError) as exc:
+        own.problems.insert(0, problem(
+            f"MASTER_ADDR:MASTER_PORT={env.master_addr}:{env.master_port} answered, but not as "
+            f"this job's rank 0 ({exc})",
+            "another program or job uses that port: export MASTER_PORT=<a free port>",
+        ))  # fmt: skip
+        return None
+    return Outcome(run_allreduce=verdict["allreduce"])
+
+
+def _summary(env: LaunchEnv, reports: Mapping[int, Mapping], timeout: float) -> list[str]:
+    """Rank 0's informative lines: who came, versions, GPUs, clocks, interfaces."""
+    ranks = sorted(reports)
+    hosts = list(dict.fromkeys(reports[r]["host"] for r in ranks))
+    lines = [
+        f"{len(ranks)}/{env.world_size} tasks on {len(hosts)} node(s) ({','.join(hosts)}) met "
+        f"rank 0 at {env.master_addr}:{env.master_port} "
+        f"({', '.join(reports[0]['route']['master_ips']) or '?'})"
+    ]
+    v = reports[0]["versions"]
+    lines.append(f"versions: torch {v['torch']}, CUDA {v['cuda']}, NCCL {v['nccl']}, "
+                 f"Python {v['python']}")
+    for host in hosts:
+        on = [r for r in ranks if reports[r]["host"] == host]
+        g = reports[on[0]]["gpus"]
+        lines.append(
+            f"gpus on {host}: {len(on)} task(s), SLURM_GPUS_ON_NODE={g['slurm_gpus_on_node']}, "
+            f"CUDA_VISIBLE_DEVICES={g['cuda_visible_devices']}, torch sees "
+            f"{g['torch_cuda_devices']} CUDA device(s)"
+        )
+    clocks = [reports[r]["clock"] for r in ranks if reports[r].get("clock")]
+    if clocks:
+        worst = max(clocks, key=lambda c: abs(c["offset"]))
+        lines.append(f"clocks: largest offset to rank 0 {worst['offset'] * 1000:+.1f} ms "
+                     f"(+/- {worst['error'] * 1000:.1f} ms)")
+    for host in hosts:
+        first = next(r for r in ranks if reports[r]["host"] == host)
+        rep = reports[first]
+        names = [
+            f"{i['name']} {i['ipv4']}" + (" <- route to master" if i["name"] ==
+                                          rep["route"]["iface"] else "")
+            for i in rep["interfaces"] if i["ipv4"]
+        ]  # fmt: skip
+        lines.append(f"interfaces on {host}: {'; '.join(names) or 'none with IPv4'}")
+    set_vars = [f"{v}={os.environ[v]}" for v in IFNAME_VARS if os.environ.get(v)]
+    lines.append("socket interface variables: " + (", ".join(set_vars) or "none set"))
+    return lines
+
+
+# --------------------------------------------------------------------------- all_reduce
+
+
+def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tuple[str, str]:
+    """Join a gloo group at the master address and sum one number; ('', summary) or (error, '').
+
+    gloo, whatever the real job uses: it needs no GPU, and it is the backend whose socket
+    interface (GLOO_SOCKET_IFNAME) and host name resolution the preflight just looked at.
+    """
+    import torch
+    import torch.distributed as dist
+
+    start = time.monotonic()
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://{_bracket(env.master_addr)}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=timeout),
+        )
+        joined = time.monotonic() - start
+        x = torch.ones(1)
+        t = time.monotonic()
+        dist.all_reduce(x)
+        first = time.monotonic() - t
+        times = []
+        for _ in range(iterations):
+            t = time.monotonic()
+            dist.all_reduce(x)
+            times.append(time.monotonic() - t)
+        expect = env.world_size * (env.world_size ** iterations)
+        if int(x.item()) != expect:
+            return f"all_reduce summed to {int(x.item())}, expected {expect}", ""
+        best = min(times)
+        return "", (f"all_reduce (gloo, {env.world_size} ranks, 1 float): joined in "
+                    f"{joined * 1000:.0f} ms, first {first * 1000:.1f} ms, then "
+                    f"{best * 1000:.2f} ms")
+    except Exception as exc:  # noqa: BLE001 - any failure of the group is the finding
+        text = " ".join(str(exc).split())
+        return f"{type(exc).__name__}: {text[:300]}", ""
+    finally:
+        with contextlib.suppress(Exception):
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _timeout_default(environ: Mapping[str, str]) -> float:
+    text = environ.get(TIMEOUT_VAR)
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise LaunchError(f"{TIMEOUT_VAR}={text!r} is not a number of seconds") from None
+    if value <= 0:
+        raise LaunchError(f"{TIMEOUT_VAR}={text!r} must be a positive number of seconds")
+    return value
+
+
+def _watchdog(seconds: float, rank: int) -> None:
+    """The last resort against a hang: whatever is still running after ``seconds``, stop."""
+
+    def fire():
+        print(f"{PREFIX} PROBLEM (rank {rank}): the preflight itself did not finish within "
+              f"{seconds:g} s and was stopped. Fix: read the lines above; raise --timeout if "
+              f"the nodes are merely slow.", file=sys.stderr, flush=True)
+        os._exit(3)
+
+    timer = threading.Timer(seconds, fire)
+    timer.daemon = True
+    timer.start()
+
+
+def say(text: str, stream=None) -> None:
+    # One write per line: all tasks share the job's output file.
+    stream = stream or sys.stdout
+    stream.write(text + "\n")
+    stream.flush()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m common.preflight",
+        description="Check, before the real job, that the tasks of a distributed job can meet.",
+    )
+    parser.add_argument("--timeout", type=float, default=None,
+                        help=f"seconds for each phase (default {TIMEOUT_VAR} or "
+                             f"{DEFAULT_TIMEOUT_S:g})")
+    parser.add_argument("--max-clock-skew", type=float, default=DEFAULT_MAX_CLOCK_SKEW_S,
+                        help="seconds two clocks may differ (default %(default)s)")
+    parser.add_argument("--no-allreduce", action="store_true", help="skip the gloo all_reduce")
+    args = parser.parse_args(
+        [a for a in (sys.argv[1:] if argv is None else argv)
+         if not a.startswith(("--local-rank", "--local_rank"))]
+    )  # fmt: skip
+    started = time.monotonic()
+    try:
+        timeout = args.timeout if args.timeout is not None else _timeout_default(os.environ)
+        if timeout <= 0:
+            raise LaunchError(f"--timeout {timeout:g} must be a positive number of seconds")
+        env = resolve_launch_env(check=False)
+    except LaunchError as exc:
+        say(problem_line(socket.gethostname(), [], problem(str(exc).rstrip("."), "")), sys.stderr)
+        return 1
+    _watchdog(3 * timeout + 15, env.rank)
+
+    own = local_facts(env, os.environ)
+    if env.world_size == 1:
+        outcome = Outcome(
+            problems=[(env.hostname, [0], p) for p in own.problems],
+            run_allreduce=not own.problems,
+        )
+        outcome.notes.extend(_summary(env, {0: dataclasses.asdict(own)}, timeout))
+    else:
+        outcome = meet(env, own, timeout, args.max_clock_skew)
+
+    if outcome is None:  # a task that never got through: say why from here
+        for p in own.problems:
+            say(problem_line(env.hostname, [env.rank], p), sys.stderr)
+        return 1
+
+    if env.rank == 0:
+        for line in outcome.notes:
+            say(f"{PREFIX} {line}")
+        for host, ranks, p in outcome.problems:
+            say(problem_line(host, ranks, p), sys.stderr)
+
+    failed = bool(outcome.problems)
+    if outcome.run_allreduce and not args.no_allreduce:
+        error, summary = tiny_allreduce(env, min(timeout, 10.0))
+        if error:
+            failed = True
+            if env.rank == 0 or env.world_size > 1:
+                say(problem_line(env.hostname, [env.rank], problem(
+                    f"the gloo all_reduce failed within {min(timeout, 10.0):g} s: {error}",
+                    "if the TCP check above passed, the collective's own connections failed: "
+                    "set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the nodes' network "
+                    "interface (listed above)",
+                )), sys.stderr)  # fmt: skip
+        elif env.rank == 0:
+            say(f"{PREFIX} {summary}")
+    elif env.rank != 0 and not outcome.run_allreduce:
+        failed = True  # rank 0 printed the problems
+
+    if env.rank == 0:
+        elapsed = time.monotonic() - started
+        if failed:
+            count = len(outcome.problems) or 1
+            say(f"{PREFIX} FAILED: {count} problem(s), see the PROBLEM lines "
+                f"({elapsed:.1f} s)")
+        else:
+            say(f"{PREFIX} all checks passed ({elapsed:.1f} s)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
