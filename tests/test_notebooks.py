@@ -37,6 +37,7 @@ def _read(path: Path):
 
 def test_every_lesson_is_there():
     assert [p.name for p in LESSONS] == [
+        "00_slurm_basics",
         "01_hello_allreduce",
         "02_launch_vs_srun",
         "03_ddp_mnist",
