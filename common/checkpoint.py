@@ -1,0 +1,122 @@
+"""Checkpoints: written atomically, never read silently when damaged.
+
+    from common.checkpoint import save_checkpoint, load_checkpoint, CheckpointError
+    save_checkpoint(path, {"model": ..., "epoch": 3})          # rank 0 only
+    state = load_checkpoint(path, required=("model", "epoch"))  # every rank
+
+A job can be killed at any moment, also while it writes its checkpoint. ``save_checkpoint``
+writes a temporary file next to the target and renames it: a rename within one filesystem is
+atomic, so the next run finds either the previous checkpoint or the new one, never half of one.
+
+A checkpoint can still be damaged (a full disk, a copy cut short, a file from another program).
+``load_checkpoint`` then raises :class:`CheckpointError` with one line that names the file and
+the fix, instead of a 60-line unpickling traceback on every rank.
+
+``rng_states`` / ``set_rng_states`` carry the random number generators across a restart.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+
+FIX = "delete it (rm {path}) to start afresh, or pass another CHECKPOINT (--checkpoint PATH)"
+
+
+class CheckpointError(RuntimeError):
+    """The checkpoint cannot be used; the message names the file and what to do."""
+
+
+def save_checkpoint(path: str | os.PathLike, state: Mapping) -> None:
+    """Write ``state`` to ``path`` atomically (temporary file, flush to disk, rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(dict(state), f)
+            f.flush()
+            os.fsync(f.fileno())  # on disk before the rename makes it visible
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    required: Iterable[str] = ("model",),
+    expect: Mapping[str, object] | None = None,
+) -> dict:
+    """Read a checkpoint written by :func:`save_checkpoint` onto the CPU.
+
+    Raises CheckpointError when the file is empty, truncated, not a checkpoint, lacks one of
+    the ``required`` keys, or differs from ``expect`` (e.g. ``{"world_size": 4}``: a run of
+    another shape cannot continue it).
+    """
+    path = Path(path)
+    fix = FIX.format(path=path)
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc.strerror}; {fix}") from None
+    if size == 0:
+        raise CheckpointError(f"checkpoint {path} is empty; {fix}")
+    try:
+        # weights_only=False: the checkpoint holds Python objects (the RNG states, the run's
+        # arguments). Only load checkpoints you wrote yourself.
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as exc:  # truncated zip, garbage, pickle of something else, ...
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or not a checkpoint ({reason[:120]}); {fix}"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(
+            f"checkpoint {path} holds a {type(state).__name__}, not a checkpoint; {fix}"
+        )
+    missing = [key for key in required if key not in state]
+    if missing:
+        raise CheckpointError(
+            f"checkpoint {path} has no {', '.join(repr(k) for k in missing)} (written by "
+            f"another program?); {fix}"
+        )
+    for key, want in (expect or {}).items():
+        if state.get(key) != want:
+            raise CheckpointError(
+                f"checkpoint {path} was written with {key}={state.get(key)!r}, this run has "
+                f"{key}={want!r}: run with the same settings to continue it, or {fix}"
+            )
+    return state
+
+
+def rng_states() -> dict:
+    """The random number generators of this process (CPU, Python, and this process's GPU)."""
+    states = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()  # the current device: this rank's GPU
+    return states
+
+
+def set_rng_states(states: Mapping) -> None:
+    """Restore :func:`rng_states`.
+
+    The CUDA state, when saved, goes to this process's current GPU only, so a job resumed with
+    fewer visible GPUs than the one that saved (or on CPU) still starts. A checkpoint holding one
+    state per visible GPU (a list) gives this GPU its own entry if it has one, else nothing.
+    """
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    cuda = states.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, (list, tuple)):
+        index = torch.cuda.current_device()
+        if index >= len(cuda):
+            return
+        cuda = cuda[index]
+    torch.cuda.set_rng_state(cuda)
