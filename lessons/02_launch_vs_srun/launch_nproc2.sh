@@ -15,18 +15,21 @@
 set -euo pipefail
 
 # sbatch runs a copy of this script, so find the course from where it was submitted.
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
 # shellcheck source=common/job_env.sh
-source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
+source "$COURSE_ROOT/common/job_env.sh"
 lesson=$COURSE_ROOT/lessons/02_launch_vs_srun
 
 echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), ${SLURM_GPUS_ON_NODE:-0} GPU(s) per node"
 
-# The launcher's default master is 127.0.0.1:29500; two jobs sharing a node would both want
-# port 29500, so take the one common/ derives from the job id.
+# Without --master_port a single-node launch picks a free port itself (torch 2.13; older
+# versions all wanted 127.0.0.1:29500). The one common/ derives from the job id is the same
+# in every lesson and shows in the log.
 exports=$(python -m common.env --export)
 eval "$exports"
 
 # torch.distributed.launch is deprecated: it prints a FutureWarning, and it passes
 # --local-rank=N to hello.py (torchrun does not; see README.md).
-srun python -m torch.distributed.launch --nproc_per_node 2 --master_port "$MASTER_PORT" \
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python -m torch.distributed.launch --nproc_per_node 2 --master_port "$MASTER_PORT" \
     "$lesson/hello.py"

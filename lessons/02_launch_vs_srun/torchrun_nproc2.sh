@@ -15,11 +15,13 @@
 set -euo pipefail
 
 # sbatch runs a copy of this script, so find the course from where it was submitted.
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
 # shellcheck source=common/job_env.sh
-source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
+source "$COURSE_ROOT/common/job_env.sh"
 lesson=$COURSE_ROOT/lessons/02_launch_vs_srun
 
 echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), ${SLURM_GPUS_ON_NODE:-0} GPU(s) per node"
 
 # --standalone: a single-node rendezvous on this host with a free port torchrun picks itself.
-srun torchrun --standalone --nproc_per_node 2 "$lesson/hello.py"
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" torchrun --standalone --nproc_per_node 2 "$lesson/hello.py"
