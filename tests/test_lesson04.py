@@ -173,9 +173,20 @@ def check_host_fallback(text, hosts):
     assert sorted(line.split(": ")[1] for line in said) == sorted(hosts), text
 
 
+def alias_hostname(tmp_path):
+    """A `hostname` that answers as on a cloud cluster whose NodeNames are aliases: a name
+    that is not the node's SLURM name (and ignores -s). The job must not depend on it."""
+    bin_dir = tmp_path / "alias-bin"
+    bin_dir.mkdir()
+    (bin_dir / "hostname").write_text("#!/bin/sh\necho ip-10-0-0-$$.ec2.internal\n")
+    (bin_dir / "hostname").chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_static_job(sbatch_wait, cluster, tmp_path):
-    job = sbatch_wait("lessons/04_torchrun_enroot/run_script.sh", env=job_env(tmp_path),
+    env = job_env(tmp_path, PATH=alias_hostname(tmp_path))
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_script.sh", env=env,
                       timeout=JOB_TIMEOUT)  # fmt: skip
     assert job.returncode == 0, job.output + job.stderr
     nodes, per_node = len(cluster["nodes"]), cluster["gpus_per_node"]
@@ -184,9 +195,10 @@ def test_static_job(sbatch_wait, cluster, tmp_path):
     lines = check_training(job.output, nodes, per_node, hosts=cluster["nodes"])
     # srun --label: the task number in front of each line is the node rank (static form)
     assert all(r["label"] == r["node"] for r in lines), job.output
-    # node ranks from the node list agree with SLURM_NODEID on every node
+    # the node rank is SLURM_NODEID, the node's position in the job's node list, even where
+    # `hostname` answers with another name
     for i, host in enumerate(cluster["nodes"]):
-        assert f"{i}: {host}: node rank {i} (SLURM_NODEID {i})" in job.output, job.output
+        assert f"{i}: {host}: node rank {i} (SLURM_NODEID)" in job.output, job.output
         assert (f"--node-rank {i} --master-addr {cluster['nodes'][0]} --master-port"
                 in job.output), job.output  # fmt: skip
     check_host_fallback(job.output, cluster["nodes"])
@@ -278,8 +290,8 @@ def dry_run_commands(text):
 def expected_start(name):
     passed = ["COURSE_ROOT", "PYTHONUNBUFFERED", "TORCHRUN_FORM", "NNODES", "NPROC_PER_NODE",
               "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "RDZV_ID", "RDZV_TIMEOUT", "LOG_DIR",
-              "SLURM_JOB_ID", "SLURM_NODEID", "SLURM_CPUS_PER_TASK",
-              "CUDA_VISIBLE_DEVICES"]  # fmt: skip
+              "COURSE_DIST_TIMEOUT", "SLURM_JOB_ID", "SLURM_NODEID", "SLURMD_NODENAME",
+              "SLURM_CPUS_PER_TASK", "SLURM_GPUS_ON_NODE", "CUDA_VISIBLE_DEVICES"]  # fmt: skip
     envs = ["--env", f"PYTHONPATH={ROOT}"] + [a for n in passed for a in ("--env", n)]
     return ["enroot", "start", "--mount", f"{ROOT}:{ROOT}", *envs, name,
             "bash", str(LESSON / "torchrun.sh"), "static"]  # fmt: skip

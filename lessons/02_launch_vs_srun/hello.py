@@ -50,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     # init_process_group returns once all `world_size` processes reached the master's store.
-    ctx = init_distributed(env)
+    try:
+        ctx = init_distributed(env)
+    except LaunchError as exc:  # e.g. the rendezvous did not complete: one line, no traceback
+        print(f"hello: {exc}", file=sys.stderr)
+        return 2
     # Make sure the world is really connected: everybody contributes 1, the sum is the size.
     count = torch.ones(1, device=ctx.device)
     dist.all_reduce(count)

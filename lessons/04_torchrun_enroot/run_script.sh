@@ -17,8 +17,10 @@
 set -euo pipefail
 
 # sbatch runs a copy of this script, so find the course from where it was submitted.
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
 # shellcheck source=common/job_env.sh
-source "${COURSE_ROOT:=$SLURM_SUBMIT_DIR}/common/job_env.sh"
+source "$COURSE_ROOT/common/job_env.sh"
 LESSON_DIR=$COURSE_ROOT/lessons/04_torchrun_enroot
 # shellcheck source=lessons/04_torchrun_enroot/env.sh
 source "$LESSON_DIR/env.sh"
@@ -51,46 +53,24 @@ echo "job $SLURM_JOB_ID: form $TORCHRUN_FORM, $NNODES nodes x $NPROC_PER_NODE pr
 # run_or_print CMD...: run CMD, or with ENROOT_DRY_RUN=1 only print it (shell-quoted).
 run_or_print() {
     if [[ $ENROOT_DRY_RUN == 1 ]]; then
-        echo "$(hostname -s): dry-run: $(printf '%q ' "$@")"
+        echo "$SLURMD_NODENAME: dry-run: $(printf '%q ' "$@")"
     else
         "$@"
     fi
 }
 
-# node_rank_of_this_host: this machine's position in the job's node list.
-# This is what torchrun's static form needs as --node-rank. SLURM already
-# computes it: SLURM_NODEID, set in every task srun starts, is the same number
-# without any lookup (and also right where node names differ from `hostname`).
-# It is spelled out here so the number is not magic; the check below shows the
-# two agree.
-node_rank_of_this_host() {
-    local me i nodes
-    me=$(hostname -s)
-    read -ra nodes <<<"$JOB_NODE_LIST"
-    for i in "${!nodes[@]}"; do
-        if [[ ${nodes[$i]} == "$me" ]]; then
-            echo "$i"
-            return 0
-        fi
-    done
-    echo "error: host '$me' is not in the job's node list ($JOB_NODE_LIST)" >&2
-    return 1
-}
-
-# start_on_this_node: work out this node's rank on the host (where scontrol and
-# the SLURM variables exist), then run torchrun.sh inside the container if enroot
-# is installed here, or on the host if not.
+# start_on_this_node: take this node's rank from SLURM on the host (where the SLURM
+# variables exist), then run torchrun.sh inside the container if enroot is
+# installed here, or on the host if not.
 start_on_this_node() {
-    local host
-    host=$(hostname -s)
-    NODE_RANK=$(node_rank_of_this_host)
+    # The node rank torchrun's static form needs is this node's position in the
+    # job's node list. SLURM hands it to every task as SLURM_NODEID, and the node's
+    # SLURM name as SLURMD_NODENAME: no lookup, and right where a node's SLURM name
+    # is not its `hostname -s` (FQDNs, aliases on cloud clusters).
+    local host=$SLURMD_NODENAME
+    NODE_RANK=$SLURM_NODEID
     export NODE_RANK
-    if [[ $NODE_RANK != "${SLURM_NODEID:-}" ]]; then
-        echo "error: $host: node rank from the node list is $NODE_RANK but SLURM_NODEID is" \
-            "'${SLURM_NODEID:-}'" >&2
-        return 1
-    fi
-    echo "$host: node rank $NODE_RANK (SLURM_NODEID $SLURM_NODEID)"
+    echo "$host: node rank $NODE_RANK (SLURM_NODEID)"
 
     if ! command -v enroot >/dev/null; then
         echo "$host: enroot is not installed on this node; running torchrun.sh on the host"
@@ -117,8 +97,9 @@ start_on_this_node() {
     # inside, the container brings its own Python and torch.
     local name names envs=(--env "PYTHONPATH=$COURSE_ROOT")
     names=(COURSE_ROOT PYTHONUNBUFFERED TORCHRUN_FORM NNODES NPROC_PER_NODE NODE_RANK
-        MASTER_ADDR MASTER_PORT RDZV_ID RDZV_TIMEOUT LOG_DIR
-        SLURM_JOB_ID SLURM_NODEID SLURM_CPUS_PER_TASK CUDA_VISIBLE_DEVICES)
+        MASTER_ADDR MASTER_PORT RDZV_ID RDZV_TIMEOUT LOG_DIR COURSE_DIST_TIMEOUT
+        SLURM_JOB_ID SLURM_NODEID SLURMD_NODENAME SLURM_CPUS_PER_TASK SLURM_GPUS_ON_NODE
+        CUDA_VISIBLE_DEVICES)
     mapfile -t -O "${#names[@]}" names < <(compgen -e NCCL_ || true)
     for name in "${names[@]}"; do
         if [[ -n ${!name+set} ]]; then
@@ -145,8 +126,9 @@ fi
 # srun starts a fresh bash on each node; the function definitions travel in its
 # command line. --label prefixes every output line with the task number (= node
 # index here), --kill-on-bad-exit stops the other nodes when one fails.
-srun --ntasks-per-node=1 --label --kill-on-bad-exit=1 bash -c \
-    "set -euo pipefail; $(declare -f run_or_print node_rank_of_this_host start_on_this_node); start_on_this_node"
+# --cpus-per-task again: Slurm 22.05-23.02's srun does not inherit it from the job.
+srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --label --kill-on-bad-exit=1 \
+    bash -c "set -euo pipefail; $(declare -f run_or_print start_on_this_node); start_on_this_node"
 
 if [[ $ENROOT_DRY_RUN != 1 ]]; then
     echo "torchrun's per-worker logs:"

@@ -28,7 +28,8 @@ need() {
 }
 need COURSE_ROOT NNODES NPROC_PER_NODE MASTER_ADDR MASTER_PORT RDZV_TIMEOUT LOG_DIR
 
-host=$(hostname -s)
+# The node's SLURM name (in a pyxis or enroot container too, where the job script passes it).
+host=${SLURMD_NODENAME:-$(hostname -s)}
 train=$COURSE_ROOT/lessons/04_torchrun_enroot/train.py
 
 # Logs: --tee 3 copies every worker's stdout and stderr into
@@ -41,6 +42,8 @@ logs=(--log-dir "$LOG_DIR/$host" --tee 3)
 
 case $form in
 static)
+    # Under pyxis (srun --container-image) every SLURM variable is in the task's environment.
+    NODE_RANK=${NODE_RANK:-${SLURM_NODEID:-}}
     need NODE_RANK
     # Static rendezvous: the node count, this node's rank and the master address
     # are fixed up front. Node 0 hosts the store on MASTER_ADDR:MASTER_PORT; the
@@ -65,8 +68,9 @@ standalone)
     need NODE_RANK
     # The misuse, as it is often copied: --standalone plus the multi-node flags.
     # --standalone replaces the rendezvous with a private one on localhost at a
-    # free port, on every node; --node-rank/--master-addr/--master-port are then
-    # ignored. Each node waits there for NNODES nodes that can never arrive.
+    # free port, on every node; --master-addr/--master-port are then ignored, and
+    # torchrun warns that --node-rank is only used for static rendezvous. Each node
+    # waits there for NNODES nodes that can never arrive.
     cmd=(torchrun --standalone
         --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE"
         --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"

@@ -11,6 +11,7 @@ Single node, no SLURM:
 
 import argparse
 import gc
+import sys
 
 import torch
 import torch.distributed as dist
@@ -19,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.dist import cleanup, init_distributed, print0
+from common.env import LaunchError
 
 
 def synthetic_regression(n_samples: int, n_features: int, seed: int) -> TensorDataset:
@@ -40,9 +42,13 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def main() -> None:
+def main() -> int:
     args = parse_args()
-    ctx = init_distributed()
+    try:
+        ctx = init_distributed()
+    except LaunchError as exc:  # a wrong launch: one line that names the fix, no traceback
+        print(f"train.py: {exc}", file=sys.stderr, flush=True)
+        return 2
     env = ctx.env
 
     # One line per process: a reader (or a test) can check that every rank
@@ -96,7 +102,8 @@ def main() -> None:
     # fully alive; left to interpreter shutdown, gloo's threads sometimes abort
     # the process ("terminate called without an active exception", exit -6).
     gc.collect()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
