@@ -520,7 +520,11 @@ def resolve_launch_env(
         job_id=job_id,
     )
     if check:
-        check_master_addr(env)
+        # Under torchrun the agents have already met at their own rendezvous before starting
+        # the workers, and MASTER_ADDR is the agent's host as torchrun names it (its FQDN):
+        # the loopback check is for addresses people set, not for torchrun's.
+        agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        check_master_addr(env if not agent_store else dataclasses.replace(env, num_nodes=1))
         if _must_bind_store(env, environ):
             check_port_free(env.master_port)
     return env

@@ -207,3 +207,13 @@ def test_loopback_master_exported_by_the_batch_script():
     environ = {**BATCH_SCRIPT, "MASTER_ADDR": "localhost"}
     with pytest.raises(LaunchError, match="MASTER_ADDR='localhost'.*2 nodes"):
         export_values(resolve(environ), environ)
+
+
+def test_torchruns_own_master_address_is_not_second_guessed():
+    """torchrun's c10d rendezvous names the agent's host (socket.getfqdn()) for the workers;
+    the agents already met, so a loopback name there is torchrun's business."""
+    worker = torchrun_worker(2, 0, 4, 2, 1, 2, MASTER_ADDR="localhost", MASTER_PORT="23007")
+    assert resolve(worker, check=True).master_addr == "localhost"
+    by_hand = {k: v for k, v in worker.items() if not k.startswith("TORCHELASTIC")}
+    with pytest.raises(LaunchError, match="loopback"):
+        resolve(by_hand, check=True)
