@@ -59,8 +59,8 @@ test: setup
 
 demo: venv data cluster-up
 	@mkdir -p runs
-	@set -o pipefail; job=$$(sbatch --parsable --wait --output=runs/slurm-%j.out \
-	    lessons/03_ddp_mnist/job.sh); rc=$$?; job=$${job%%;*}; \
+	@job=$$(sbatch --parsable --output=runs/slurm-%j.out lessons/03_ddp_mnist/job.sh) || exit $$?; \
+	    job=$${job%%;*}; rc=0; bash cluster/wait.sh "$$job" || rc=$$?; \
 	    echo "== runs/slurm-$$job.out"; cat "runs/slurm-$$job.out"; exit $$rc
 
 bench: venv data
