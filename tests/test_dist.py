@@ -175,3 +175,29 @@ def test_gpus_given_and_present_but_unusable_stops(tmp_path):
     message = str(info.value)
     assert "torch.version.cuda=" in message and "SLURM_GPUS_ON_NODE" in message
     assert "2 NVIDIA device(s)" in message
+
+
+def test_a_process_group_without_linux_only_calls():
+    """As on an instructor's macOS laptop: no os.sched_getaffinity, no /proc to read."""
+    code = """
+        import builtins, os, torch
+        del os.sched_getaffinity
+        real_open = builtins.open
+        def no_proc(path, *a, **k):
+            if str(path).startswith("/proc"):
+                raise FileNotFoundError(path)
+            return real_open(path, *a, **k)
+        builtins.open = no_proc
+        from common.dist import init_distributed, cleanup
+        ctx = init_distributed()
+        value = torch.ones(1)
+        torch.distributed.all_reduce(value)
+        print(ctx.env.launcher, ctx.backend, int(value.item()), torch.get_num_threads())
+        cleanup()
+    """
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=clean_environ(),
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    launcher, backend, total, threads = proc.stdout.split()
+    assert (launcher, backend, total) == ("single", "gloo", "1")
+    assert int(threads) == (os.cpu_count() or 1)
