@@ -295,15 +295,15 @@ def check_hostname_for_gloo(environ: Mapping[str, str], multi_node: bool) -> lis
         ips = set()
     if not ips:
         return [problem(
-            f"this node's name {name} does not resolve; without GLOO_SOCKET_IFNAME gloo then "
-            f"falls back to the loopback address, which other nodes cannot reach",
+            "the node's own name does not resolve; without GLOO_SOCKET_IFNAME gloo then "
+            "falls back to the loopback address, which other nodes cannot reach",
             "export GLOO_SOCKET_IFNAME=<the interface on the nodes' network> (see the "
             "interfaces below), or add the name to DNS or /etc/hosts",
             needs_separate_hosts=True,
         )]  # fmt: skip
     if all(is_loopback(ip) for ip in ips):
         return [problem(
-            f"this node's name {name} resolves to {sorted(ips)[0]} (loopback); without "
+            f"the node's own name resolves to {sorted(ips)[0]} (loopback); without "
             f"GLOO_SOCKET_IFNAME gloo uses that address, which other nodes cannot reach",
             "export GLOO_SOCKET_IFNAME=<the interface on the nodes' network> (see the "
             "interfaces below), or fix /etc/hosts",
@@ -385,11 +385,16 @@ def compare(
                 continue  # one network stack: loopback really reaches every task
             found.append((reports[r]["host"], r, p))
     if shared:
-        downgraded = {p["what"] for r in ranks for p in reports[r]["problems"] if p.get("separate")}
+        downgraded: dict[str, list[str]] = {}
+        for r in ranks:
+            for p in reports[r]["problems"]:
+                hosts = downgraded.setdefault(p["what"], []) if p.get("separate") else []
+                if p.get("separate") and reports[r]["host"] not in hosts:
+                    hosts.append(reports[r]["host"])
         notes.extend(
             f"fine here, where every task shares one network stack (one machine), but a "
-            f"problem on separate nodes: {what}"
-            for what in sorted(downgraded)
+            f"problem on separate nodes: on {','.join(hosts)}: {what}"
+            for what, hosts in downgraded.items()
         )
 
     # Versions: the same everywhere, else name each variant with where it runs.
@@ -608,7 +613,7 @@ def meet(env: LaunchEnv, own: Facts, timeout: float, max_skew: float) -> Outcome
                 )))  # fmt: skip
             outcome = Outcome(problems, notes, run_allreduce=not problems)
             server.tell_all({"problems": len(problems), "allreduce": outcome.run_allreduce})
-            outcome.notes.extend(_summary(env, server.reports, timeout))
+            outcome.notes[:0] = _summary(env, server.reports, timeout)
             return outcome
         finally:
             server.close()
@@ -699,12 +704,13 @@ def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tu
 
     start = time.monotonic()
     try:
+        # The store by hand: rank 0 hosts it on our port even under torchrun (whose own
+        # rendezvous would leave the hosting to its agent, on MASTER_PORT).
+        bound = datetime.timedelta(seconds=timeout)
+        store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
+                              is_master=env.rank == 0, timeout=bound)  # fmt: skip
         dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://{_bracket(env.master_addr)}:{env.master_port}",
-            rank=env.rank,
-            world_size=env.world_size,
-            timeout=datetime.timedelta(seconds=timeout),
+            "gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=bound
         )
         joined = time.monotonic() - start
         x = torch.ones(1)
@@ -732,11 +738,24 @@ def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tu
                 dist.destroy_process_group()
 
 
-def _bracket(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
-
-
 # --------------------------------------------------------------------------- main
+
+
+def exported_by_hand(environ: Mapping[str, str]) -> list[Problem]:
+    """WORLD_SIZE/RANK exported by the job script into an srun step (no torchrun around)."""
+    if "SLURM_STEP_NUM_TASKS" not in environ or "TORCHELASTIC_RUN_ID" in environ:
+        return []
+    tasks = environ["SLURM_STEP_NUM_TASKS"]
+    if "WORLD_SIZE" in environ and environ["WORLD_SIZE"].strip() != tasks.strip():
+        return [problem(
+            f"WORLD_SIZE={environ['WORLD_SIZE']} is set in the environment, but srun started "
+            f"{tasks} tasks (SLURM_STEP_NUM_TASKS): with it, torch would wait for ranks that "
+            f"never come",
+            "remove `export WORLD_SIZE=...` (and RANK) from the job script; the number of "
+            "tasks comes from srun (--nodes x --ntasks-per-node)",
+        )]  # fmt: skip
+    return []
+
 
 
 def _timeout_default(environ: Mapping[str, str]) -> float:
@@ -766,11 +785,11 @@ def _watchdog(seconds: float, rank: int) -> None:
     timer.start()
 
 
-def say(text: str, stream=None) -> None:
-    # One write per line: all tasks share the job's output file.
-    stream = stream or sys.stdout
-    stream.write(text + "\n")
-    stream.flush()
+def say(text: str) -> None:
+    # One write per line, all on stdout: the tasks share the job's output file, and lines of
+    # one stream keep their order there.
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -795,9 +814,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise LaunchError(f"--timeout {timeout:g} must be a positive number of seconds")
         env = resolve_launch_env(check=False)
     except LaunchError as exc:
-        say(problem_line(socket.gethostname(), [], problem(str(exc).rstrip("."), "")), sys.stderr)
+        # No world to meet in: every task stops; the first task of each node says why.
+        if os.environ.get("SLURM_LOCALID", os.environ.get("LOCAL_RANK", "0")) == "0":
+            for p in [*exported_by_hand(os.environ), problem(str(exc).rstrip("."), "")]:
+                say(problem_line(socket.gethostname(), [], p))
         return 1
     _watchdog(3 * timeout + 15, env.rank)
+    agent_port = None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # Under torchrun its agent already listens on MASTER_PORT (which proves it can be
+        # opened): meet on the next port instead.
+        agent_port = env.master_port
+        env = dataclasses.replace(env, master_port=env.master_port % 65535 + 1)
 
     own = local_facts(env, os.environ)
     if env.world_size == 1:
@@ -811,14 +839,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if outcome is None:  # a task that never got through: say why from here
         for p in own.problems:
-            say(problem_line(env.hostname, [env.rank], p), sys.stderr)
+            say(problem_line(env.hostname, [env.rank], p))
         return 1
 
     if env.rank == 0:
+        if agent_port is not None:
+            say(f"{PREFIX} torchrun's agent holds MASTER_PORT={agent_port}; the tasks meet on "
+                f"port {env.master_port} instead")
         for line in outcome.notes:
             say(f"{PREFIX} {line}")
         for host, ranks, p in outcome.problems:
-            say(problem_line(host, ranks, p), sys.stderr)
+            say(problem_line(host, ranks, p))
 
     failed = bool(outcome.problems)
     if outcome.run_allreduce and not args.no_allreduce:
@@ -831,7 +862,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "if the TCP check above passed, the collective's own connections failed: "
                     "set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to the nodes' network "
                     "interface (listed above)",
-                )), sys.stderr)  # fmt: skip
+                )))  # fmt: skip
         elif env.rank == 0:
             say(f"{PREFIX} {summary}")
     elif env.rank != 0 and not outcome.run_allreduce:

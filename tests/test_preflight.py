@@ -108,7 +108,7 @@ def test_compare_loopback_is_a_problem_only_across_network_stacks():
     problems, notes = preflight.compare(shared, 2, max_skew=1.0)
     assert problems == [] and notes == [
         "fine here, where every task shares one network stack (one machine), but a problem on "
-        "separate nodes: MASTER_ADDR=x is loopback"
+        "separate nodes: on node0,node1: MASTER_ADDR=x is loopback"
     ]
     separate = {r: _report(r, f"node{r}", network=f"n{r}", problems=[loop]) for r in range(2)}
     problems, _ = preflight.compare(separate, 2, max_skew=1.0)
@@ -131,6 +131,14 @@ def test_gpu_check_wants_one_gpu_per_process():
     assert len(found) == 1 and "only 1 visible GPUs" in found[0]["what"], found
     facts = {"cuda_visible_devices": "0,1", "torch_cuda_devices": 0, "slurm_gpus_on_node": None}
     assert preflight.check_gpus(env, facts, {**environ, "CUDA_VISIBLE_DEVICES": "0,1"}) == []
+
+
+def test_world_size_exported_into_an_srun_step():
+    step = {"SLURM_STEP_NUM_TASKS": "4", "SLURM_PROCID": "0", "SLURM_STEP_ID": "0"}
+    found = preflight.exported_by_hand({**step, "WORLD_SIZE": "8"})
+    assert len(found) == 1 and found[0]["what"].startswith("WORLD_SIZE=8 is set"), found
+    assert preflight.exported_by_hand({**step, "WORLD_SIZE": "4"}) == []
+    assert preflight.exported_by_hand({**step, "WORLD_SIZE": "8", "TORCHELASTIC_RUN_ID": "x"}) == []
 
 
 def test_ifname_variables_against_real_interfaces():
@@ -187,6 +195,18 @@ def test_a_good_world_passes_and_reports():
     assert re.search(r"all_reduce \(gloo, 3 ranks, 1 float\): joined in \d+ ms", out0), out0
     assert "preflight: all checks passed" in out0 and not problem_lines(out0), out0
     assert results[1][1] == "" and results[2][1] == "", results  # only rank 0 reports
+
+
+@pytest.mark.timeout(RUN_TIMEOUT + 30)
+def test_under_torchrun_the_agent_keeps_its_port():
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "-m", "common.preflight", "--timeout", str(PHASE_S)],
+        cwd=ROOT, env=clean_environ(), capture_output=True, text=True, timeout=RUN_TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "torchrun's agent holds MASTER_PORT=" in proc.stdout, proc.stdout
+    assert "preflight: all checks passed" in proc.stdout, proc.stdout
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)
