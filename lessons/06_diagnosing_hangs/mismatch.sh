@@ -1,0 +1,39 @@
+#!/bin/bash
+# FAILURE: ranks calling different collectives (rank 1 a broadcast where the others all_reduce),
+# as happens when one rank takes another branch (if rank == 0: ..., a skipped batch, an
+# early stop decided per rank). Run twice: plain, where gloo just times out (NCCL would hang
+# until its watchdog), then with TORCH_DISTRIBUTED_DEBUG=DETAIL, where torch compares every
+# collective across ranks first and names the mismatch.
+#
+#   sbatch lessons/06_diagnosing_hangs/mismatch.sh          (from the course root)
+#
+#SBATCH --job-name=mismatch
+#SBATCH --output=%x-%j.out
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gres=gpu:2
+#SBATCH --cpus-per-task=1
+#SBATCH --mem=4G
+#SBATCH --time=00:04:00
+set -euo pipefail
+# A failure should show in seconds here, not after torch's 10 minutes: every rendezvous and
+# collective of this job gives up after COURSE_DIST_TIMEOUT seconds.
+export COURSE_DIST_TIMEOUT=${COURSE_DIST_TIMEOUT:-10}
+
+# sbatch runs a copy of this script, so find the course from where it was submitted.
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
+# shellcheck source=common/job_env.sh
+source "$COURSE_ROOT/common/job_env.sh"
+lesson=$COURSE_ROOT/lessons/06_diagnosing_hangs
+
+echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), COURSE_DIST_TIMEOUT=$COURSE_DIST_TIMEOUT s"
+
+echo "== preflight"
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python -m common.preflight || exit 1
+status=0
+echo "== the job, plain"
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$lesson/step.py" --mismatch-rank 1 || status=$?
+echo "== the job, TORCH_DISTRIBUTED_DEBUG=DETAIL"
+TORCH_DISTRIBUTED_DEBUG=DETAIL srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$lesson/step.py" --mismatch-rank 1 || status=$?
+exit "$status"

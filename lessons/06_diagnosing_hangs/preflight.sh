@@ -1,0 +1,33 @@
+#!/bin/bash
+# The healthy case: the preflight check, then the job it protects.
+# `srun python -m common.preflight` runs with the job's own layout (same nodes, tasks, master
+# address and port) and stops the job before the real step when anything would make it hang.
+#
+#   sbatch lessons/06_diagnosing_hangs/preflight.sh          (from the course root)
+#
+#SBATCH --job-name=preflight
+#SBATCH --output=%x-%j.out
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gres=gpu:2
+#SBATCH --cpus-per-task=1
+#SBATCH --mem=4G
+#SBATCH --time=00:03:00
+set -euo pipefail
+# A failure should show in seconds here, not after torch's 10 minutes: every rendezvous and
+# collective of this job gives up after COURSE_DIST_TIMEOUT seconds.
+export COURSE_DIST_TIMEOUT=${COURSE_DIST_TIMEOUT:-10}
+
+# sbatch runs a copy of this script, so find the course from where it was submitted.
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
+# shellcheck source=common/job_env.sh
+source "$COURSE_ROOT/common/job_env.sh"
+lesson=$COURSE_ROOT/lessons/06_diagnosing_hangs
+
+echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), COURSE_DIST_TIMEOUT=$COURSE_DIST_TIMEOUT s"
+
+echo "== preflight"
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python -m common.preflight || exit 1
+echo "== the job"
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$lesson/step.py"
