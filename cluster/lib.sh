@@ -9,6 +9,16 @@ LOG_DIR=$CLUSTER_ROOT/log
 RUN_DIR=$CLUSTER_ROOT/run
 SLURM_CONF=/etc/slurm/slurm.conf
 GRES_CONF=/etc/slurm/gres.conf
+CGROUP_CONF=/etc/slurm/cgroup.conf
+CGROUP_ROOT=/sys/fs/cgroup
+SLURMDBD_CONF=/etc/slurm/slurmdbd.conf
+# The accounting database outlives down.sh: job records and job ids survive a restart.
+DB_DIR=$CLUSTER_ROOT/db
+DB_SOCKET=$DB_DIR/mysqld.sock
+DB_PORT=6833
+DBD_PORT=6819
+# Mail that jobs send (--mail-type) is appended to MAIL_DIR/<user> (mbox format).
+MAIL_DIR=/var/mail
 HOSTS_FILE=/etc/hosts
 HOSTS_BEGIN="# BEGIN course-cluster (managed by cluster/up.sh)"
 HOSTS_END="# END course-cluster"
@@ -43,9 +53,14 @@ start_daemon() {
 }
 
 # Take the cluster's own lock so that two up/down runs never interleave.
+# A second up.sh/down.sh waits for the first (COURSE_CLUSTER_LOCK_WAIT_S, default 300 s).
 take_lock() {
+    local wait_s=${COURSE_CLUSTER_LOCK_WAIT_S:-300}
     exec 9>"$LOCK_FILE"
-    flock -w 300 9 || die "another cluster/up.sh or down.sh held $LOCK_FILE for 300 s"
+    flock -n 9 && return 0
+    note "another cluster/up.sh or down.sh is running; waiting for it (at most $wait_s s)"
+    flock -w "$wait_s" 9 ||
+        die "another cluster/up.sh or down.sh still holds $LOCK_FILE after $wait_s s; try again when it ends"
 }
 
 # pid_alive PID [NAME]: PID runs (is not a zombie) and, if given, is called NAME.
@@ -113,7 +128,10 @@ stop_cluster() {
     if [[ -f $RUN_DIR/daemons ]]; then
         # Cancel jobs first so slurmd can clean up its steps while it still runs.
         if pid_alive "$(awk '$1=="slurmctld"{print $2}' "$RUN_DIR/daemons")" slurmctld; then
-            timeout 10 scancel --full --quiet --partition=local >/dev/null 2>&1 || true
+            local part
+            for part in local urgent; do
+                timeout 10 scancel --full --quiet --partition="$part" >/dev/null 2>&1 || true
+            done
         fi
         # Job steps and tasks first, then the SLURM daemons together (each takes
         # about 2 s to exit), and munge last.
@@ -123,9 +141,10 @@ stop_cluster() {
             pid_alive "$pid" slurmd || steps+=("$pid")
         done
         stop_pids 5 "${steps[@]}"
-        local groups=("slurmd slurmctld" munged)
+        # slurmctld sends its last job records to slurmdbd, which writes them to the database.
+        local groups=("slurmd slurmctld" slurmdbd mariadbd munged)
         if ((keep_munge)); then
-            groups=("slurmd slurmctld")
+            groups=("slurmd slurmctld" slurmdbd mariadbd)
             KEPT_MUNGE=$(awk '$1=="munged"' "$RUN_DIR/daemons")
             if [[ -n $KEPT_MUNGE ]] && ! pid_alive "${KEPT_MUNGE#munged }" munged; then
                 KEPT_MUNGE=""
@@ -154,6 +173,8 @@ stop_cluster() {
             die "could not stop: ${survivors[*]}"
         fi
     fi
+    # The nodes' cgroup trees (slurmd removes the jobs' groups, not its own slurm_<node>).
+    find "$CGROUP_ROOT"/*/slurm_node* -depth -type d -exec rmdir {} + 2>/dev/null || true
     rm -rf "${CLUSTER_ROOT:?}/state" "${CLUSTER_ROOT:?}/spool" "${CLUSTER_ROOT:?}/run" \
         "$CLUSTER_ROOT/shape"
     if [[ -n $KEPT_MUNGE ]]; then

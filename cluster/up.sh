@@ -88,8 +88,11 @@ CLUSTER_ADDR=127.0.0.1
 CTL_ADDR=$CLUSTER_ADDR
 CTL_PORT=6817
 NODE_PORT_BASE=6900
+# Seconds a preempted job of partition "local" has between SIGTERM and SIGKILL.
+GRACE_S=30
 SHAPE="nodes=$NODES gpus-per-node=$GPUS cpus-per-node=$CPUS mem-per-node=$MEM"
 GPU_DEV_PREFIX=/dev/course-gpu
+STUDENT=student
 
 
 install_packages() {
@@ -98,6 +101,8 @@ install_packages() {
     command -v slurmd >/dev/null || missing+=(slurmd)
     command -v sbatch >/dev/null || missing+=(slurm-client)
     command -v munged >/dev/null || missing+=(munge)
+    command -v slurmdbd >/dev/null || missing+=(slurmdbd)
+    command -v mariadbd >/dev/null || missing+=(mariadb-server)
     [[ ${#missing[@]} -eq 0 ]] && return 0
     note "installing ${missing[*]} with apt-get"
     # Keep package scripts from starting their own daemons: up.sh starts them.
@@ -111,10 +116,19 @@ install_packages() {
     {
         DEBIAN_FRONTEND=noninteractive apt-get update -q &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-                slurmctld slurmd slurm-client munge
+                "${missing[@]}"
     } >"$CLUSTER_ROOT/apt.log" 2>&1 || rc=$?
     ((added_policy)) && rm -f "$policy"
     ((rc == 0)) || die "apt-get install failed (exit $rc); see $CLUSTER_ROOT/apt.log"
+}
+
+# An ordinary account that submits jobs, as everyone does on a real cluster.
+ensure_student() {
+    id -u "$STUDENT" >/dev/null 2>&1 && return 0
+    useradd --create-home --shell /bin/bash --comment "course student" "$STUDENT" \
+        >>"$CLUSTER_ROOT/useradd.log" 2>&1 ||
+        die "could not create the user '$STUDENT' (useradd failed); see $CLUSTER_ROOT/useradd.log"
+    note "created the user '$STUDENT' (runuser -u $STUDENT -- bash -l, to submit as $STUDENT)"
 }
 
 # render TEMPLATE KEY=VALUE...: print TEMPLATE with every @KEY@ replaced.
@@ -152,10 +166,20 @@ render_configs() {
             "not $CLUSTER_ADDR: slurmd will listen on all interfaces (see cluster/README.md)"
     fi
     SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
-        "COMM_PARAMS=$comm" \
-        "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" \
+        "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
+        "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list")
     GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
+    CGROUP_CONF_TEXT=$(<"$HERE/cgroup.conf.in")
+    local pass=""
+    [[ -s $DB_DIR/slurm.pass ]] && pass=$(<"$DB_DIR/slurm.pass")
+    DBD_CONF_TEXT=$(render "$HERE/slurmdbd.conf.in" "CTL_NAME=$CTL_NAME" "CTL_ADDR=$CTL_ADDR" \
+        "DBD_PORT=$DBD_PORT" "DB_PORT=$DB_PORT" "DB_PASS=$pass" "ROOT=$CLUSTER_ROOT")
+}
+
+# The slurm.conf text without its FirstJobId line (which up.sh takes from the database).
+without_first_job_id() {
+    grep -v '^FirstJobId=' <<<"$1" || true
 }
 
 hosts_block() {
@@ -182,17 +206,21 @@ write_hosts() {
 # Is the cluster already running with exactly this configuration?
 already_up() {
     [[ -f $CLUSTER_ROOT/shape && $(<"$CLUSTER_ROOT/shape") == "$SHAPE" ]] || return 1
-    [[ -f $SLURM_CONF && $(<"$SLURM_CONF") == "$SLURM_CONF_TEXT" ]] || return 1
+    [[ -f $SLURM_CONF ]] || return 1
+    [[ $(without_first_job_id "$(<"$SLURM_CONF")") == "$(without_first_job_id "$SLURM_CONF_TEXT")" ]] ||
+        return 1
+    [[ -f $SLURMDBD_CONF && $(<"$SLURMDBD_CONF") == "$DBD_CONF_TEXT" ]] || return 1
     [[ -f $GRES_CONF && $(<"$GRES_CONF") == "$GRES_CONF_TEXT" ]] || return 1
+    [[ -f $CGROUP_CONF && $(<"$CGROUP_CONF") == "$CGROUP_CONF_TEXT" ]] || return 1
     local n pid count=0
     while read -r n pid; do
         pid_alive "$pid" "$n" || return 1
         count=$((count + 1))
     done < <(recorded_daemons)
-    ((count >= NODES + 1)) || return 1
+    ((count >= NODES + 3)) || return 1
     # Nodes busy with other people's jobs are fine; down or drained ones are not.
     local states
-    states=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null) || return 1
+    states=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
     [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
     ! grep -qvE ' (idle|mix|alloc|comp)$' <<<"$states"
 }
@@ -222,6 +250,75 @@ start_munge() {
     pid_alive "$(cat "$MUNGE_PIDFILE" 2>/dev/null)" munged ||
         die "munged did not stay up; see /var/log/munge/munged.log"
     echo "munged $(<"$MUNGE_PIDFILE")" >>"$RUN_DIR/daemons"
+}
+
+db() {
+    mariadb --no-defaults --socket="$DB_SOCKET" -u root "$@"
+}
+
+# MariaDB (our own instance: its own data directory, socket and port) and slurmdbd on top.
+start_accounting() {
+    local log=$LOG_DIR/mariadb.log i
+    mkdir -p "$DB_DIR"
+    chown mysql:mysql "$DB_DIR"
+    if [[ ! -d $DB_DIR/data/mysql ]]; then
+        note "creating the accounting database in $DB_DIR"
+        rm -rf "$DB_DIR/data"
+        mariadb-install-db --no-defaults --user=mysql --datadir="$DB_DIR/data" \
+            --auth-root-authentication-method=socket --skip-test-db >>"$log" 2>&1 ||
+            die "MariaDB could not create its data directory $DB_DIR/data; see $log"
+    fi
+    rm -f "$DB_SOCKET" "$DB_DIR/mysqld.pid"
+    # mariadbd stays in the foreground: setsid -f runs it in the background, detached, and
+    # start_daemon has closed every inherited descriptor (our locks) first.
+    start_daemon "$log" setsid -f mariadbd --no-defaults --user=mysql --datadir="$DB_DIR/data" \
+        --socket="$DB_SOCKET" --pid-file="$DB_DIR/mysqld.pid" --port="$DB_PORT" \
+        --bind-address=127.0.0.1 --skip-name-resolve --log-error="$log" \
+        --innodb-buffer-pool-size=128M --innodb-lock-wait-timeout=900 ||
+        die "mariadbd did not start; see $log"
+    for ((i = 0; i < 150; i++)); do
+        db -e 'SELECT 1' >/dev/null 2>&1 && break
+        sleep 0.1
+    done
+    db -e 'SELECT 1' >/dev/null 2>&1 ||
+        die "MariaDB did not start; see $log (is another mariadbd using port $DB_PORT?)"
+    echo "mariadbd $(<"$DB_DIR/mysqld.pid")" >>"$RUN_DIR/daemons"
+    if [[ ! -s $DB_DIR/slurm.pass ]]; then
+        (umask 077 && head -c 18 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$DB_DIR/slurm.pass")
+        render_configs
+    fi
+    db -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1';
+        ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$(<"$DB_DIR/slurm.pass")';
+        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" >>"$log" 2>&1 ||
+        die "could not create the database user for slurmdbd; see $log"
+    printf '%s\n' "$DBD_CONF_TEXT" >"$SLURMDBD_CONF"
+    chmod 600 "$SLURMDBD_CONF"
+    start_daemon "$LOG_DIR/start.log" unshare --uts sh -c "hostname $CTL_NAME && exec slurmdbd" ||
+        die "slurmdbd did not start; see $LOG_DIR/slurmdbd.log and $LOG_DIR/start.log"
+    wait_pidfile "$RUN_DIR/slurmdbd.pid" slurmdbd "$LOG_DIR/slurmdbd.log"
+    for ((i = 0; i < 100; i++)); do
+        (: </dev/tcp/127.0.0.1/"$DBD_PORT") 2>/dev/null && break
+        sleep 0.1
+    done
+}
+
+# Job ids go on from the last one the database knows, across down/up.
+first_job_id() {
+    local last
+    last=$(db -N -e "SELECT COALESCE(MAX(id_job), 0) FROM slurm_acct_db.course_job_table" \
+        2>/dev/null) || last=0
+    [[ $last =~ ^[0-9]+$ ]] || last=0
+    echo $((last + 1))
+}
+
+# The cluster must be known to the database before slurmctld sends it records.
+register_cluster() {
+    local out
+    out=$(timeout 20 sacctmgr -n -P list cluster format=cluster 2>&1) ||
+        die "sacctmgr cannot reach slurmdbd: $out; see $LOG_DIR/slurmdbd.log"
+    grep -qx course <<<"$out" && return 0
+    timeout 20 sacctmgr -i add cluster course >>"$LOG_DIR/start.log" 2>&1 ||
+        die "sacctmgr could not add cluster 'course'; see $LOG_DIR/start.log"
 }
 
 # wait_pidfile FILE NAME LOG: wait for a daemon's pid file, record the pid.
@@ -260,7 +357,7 @@ start_slurm() {
 wait_idle() {
     local deadline=$((SECONDS + WAIT_S)) states=""
     while ((SECONDS < deadline)); do
-        states=$(timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null || true)
+        states=$(timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u || true)
         if [[ -n $states && $(wc -l <<<"$states") -eq $NODES ]] &&
             ! grep -qv ' idle$' <<<"$states"; then
             return 0
@@ -275,6 +372,7 @@ $(tail -n 15 "$LOG_DIR/slurmctld.log" 2>/dev/null)"
 mkdir -p "$CLUSTER_ROOT"
 take_lock
 ((CHECK_ONLY)) || install_packages
+((CHECK_ONLY)) || ensure_student
 render_configs
 
 if already_up; then
@@ -286,11 +384,26 @@ if ((CHECK_ONLY)); then
     exit 1
 fi
 
+# Everything the cluster needs from this machine, checked before anything is stopped or started.
+check_cgroups() {
+    local c probe
+    for c in memory freezer cpuset devices; do
+        probe=$CGROUP_ROOT/$c/course-probe-$$
+        if ! mkdir "$probe" 2>/dev/null; then
+            die "cgroups: cannot create a group in $CGROUP_ROOT/$c (cgroup v1 '$c' hierarchy" \
+                "missing or read-only): run on a host (or a container with --privileged" \
+                "--cgroupns=host) where /sys/fs/cgroup/$c is a writable cgroup v1 mount"
+        fi
+        rmdir "$probe"
+    done
+}
+check_cgroups
+
 start_time=$EPOCHREALTIME
 note "starting ($SHAPE)"
 stop_cluster keep-munge
 # Anything slurm-like still running was not started by us: refuse to fight it.
-for name in slurmctld slurmd; do
+for name in slurmctld slurmd slurmdbd; do
     others=()
     for pid in $(pgrep -x "$name" || true); do
         pid_alive "$pid" "$name" && others+=("$pid")
@@ -303,21 +416,40 @@ done
 mkdir -p "$LOG_DIR" "$RUN_DIR" "$CLUSTER_ROOT/state" "$CLUSTER_ROOT/spool" /etc/slurm
 touch "$RUN_DIR/daemons"
 : >"$RUN_DIR/uts"
-for f in slurmctld.log start.log; do : >"$LOG_DIR/$f"; done
+for f in slurmctld.log slurmdbd.log mariadb.log start.log; do : >"$LOG_DIR/$f"; done
 rm -f "$LOG_DIR"/slurmd-node*.log
 
 write_hosts
 printf '%s\n' "$SLURM_CONF_TEXT" >"$SLURM_CONF"
 printf '%s\n' "$GRES_CONF_TEXT" >"$GRES_CONF"
-chmod 644 "$SLURM_CONF" "$GRES_CONF"
+printf '%s\n' "$CGROUP_CONF_TEXT" >"$CGROUP_CONF"
+chmod 644 "$SLURM_CONF" "$GRES_CONF" "$CGROUP_CONF"
+# One mailbox per user (see cluster/mailprog.sh), which slurmctld runs directly.
+mkdir -p "$MAIL_DIR"
+[[ -x $HERE/mailprog.sh ]] || chmod 755 "$HERE/mailprog.sh"
 for ((g = 0; g < GPUS; g++)); do
     # Spare character devices (same numbers as /dev/null) stand in for GPUs.
     [[ -c $GPU_DEV_PREFIX$g ]] || mknod -m 666 "$GPU_DEV_PREFIX$g" c 1 3
 done
 
+# Never leave a half-started cluster: whatever fails from here stops what was started.
+started_ok=0
+on_exit() {
+    if ((!started_ok)); then
+        trap - EXIT
+        note "stopping what was started"
+        stop_cluster all || true
+    fi
+}
+trap on_exit EXIT
 start_munge
+start_accounting
+SLURM_CONF_TEXT=${SLURM_CONF_TEXT/FirstJobId=1/FirstJobId=$(first_job_id)}
+printf '%s\n' "$SLURM_CONF_TEXT" >"$SLURM_CONF"
+register_cluster
 start_slurm
 wait_idle
+started_ok=1
 echo "$SHAPE" >"$CLUSTER_ROOT/shape"
 elapsed=$(awk -v a="$start_time" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')
 note "up in $elapsed s: $SHAPE; logs in $LOG_DIR"

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,23 @@ def test_up_rejects_bad_flags_with_the_flag_named(args, message):
     proc = run("bash", UP, *args, timeout=30)
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
+
+
+def test_a_second_up_waits_for_the_first_then_refuses_clearly():
+    lock = Path(f"{CLUSTER_ROOT}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    # Someone else's up.sh holds the cluster's lock for longer than this one may wait.
+    holder = subprocess.Popen(["flock", str(lock), "sleep", "30"])
+    try:
+        time.sleep(0.3)
+        proc = run("bash", UP, "--check", timeout=30, env={**os.environ,
+                   "COURSE_CLUSTER_LOCK_WAIT_S": "1"})  # fmt: skip
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 1, proc.stderr
+    assert "another cluster/up.sh or down.sh is running; waiting" in proc.stderr, proc.stderr
+    assert "still holds /var/lib/course-cluster.lock after 1 s" in proc.stderr, proc.stderr
 
 
 def test_up_and_down_help():
@@ -203,10 +221,14 @@ def test_gloo_all_reduce_between_nodes(srun):
 
 
 @pytest.mark.timeout(600)
-def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun):
+def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, sbatch_wait,
+                                                  tmp_path):  # fmt: skip
+    script = tmp_path / "before.sh"
+    script.write_text("#!/bin/bash\n#SBATCH --job-name=before-restart\nexit 4\n")
     with cluster_lock():
         try:
             up()
+            old_job = sbatch_wait(script, timeout=60).job_id
             before = recorded_daemons()
             proc = up()
             assert "already up" in proc.stderr, proc.stderr
@@ -226,6 +248,10 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun):
             assert {n: s[0] for n, s in nodes().items()} == {"node1": "idle", "node2": "idle"}
             out = srun("-N2", "hostname", timeout=60)
             assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
+            # The accounting database kept the job, and job ids go on counting.
+            acct = run("sacct", "-n", "-P", "-X", "-j", old_job, "--format=JobName,State,ExitCode")
+            assert acct.stdout.split() == ["before-restart|FAILED|4:0"], acct.stdout + acct.stderr
+            assert int(sbatch_wait(script, timeout=60).job_id) > int(old_job)
         finally:
             up()
 
@@ -243,7 +269,8 @@ def test_up_restarts_a_cluster_that_lost_a_daemon(cluster, cluster_lock, srun):
     with cluster_lock():
         try:
             up()
-            slurmd = [int(line.split()[1]) for line in recorded_daemons() if "slurmd" in line]
+            slurmd = [int(line.split()[1]) for line in recorded_daemons()
+                      if line.split()[:1] == ["slurmd"]]  # fmt: skip
             os.kill(slurmd[-1], signal.SIGKILL)  # node2's slurmd dies
             proc = up()
             assert "starting" in proc.stderr, proc.stderr

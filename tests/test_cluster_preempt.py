@@ -1,0 +1,102 @@
+"""Preemption on the local cluster: a job in partition ``urgent`` takes the node of a running job
+in the default partition ``local``, which gets SIGTERM, has GraceTime, is requeued and runs again.
+"""
+
+import re
+import subprocess
+import time
+
+import pytest
+from conftest import ROOT, job_environ, job_record, wait_job
+
+VICTIM = r"""#!/bin/bash
+#SBATCH --nodes=1 --nodelist=node1 --exclusive --open-mode=append --time=00:10:00
+echo "run ${SLURM_RESTART_COUNT:-0} of job $SLURM_JOB_ID in partition $SLURM_JOB_PARTITION"
+if [[ ${SLURM_RESTART_COUNT:-0} -gt 0 ]]; then
+    echo "resumed"
+    exit 0
+fi
+trap 'echo "batch script: SIGTERM"' TERM
+# On SIGTERM the task saves its state, then goes on until Slurm kills it at the end of
+# GraceTime and puts the job back in the queue. (A job that exits by itself within GraceTime
+# has simply completed, and is not requeued.)
+srun bash -c 'trap "echo task: SIGTERM, saving; sleep 1; echo task: saved" TERM
+              echo task: running; while true; do sleep 0.2; done' &
+wait
+wait
+echo "batch script: not reached"
+"""
+
+
+def slurm(*args, timeout=30):
+    proc = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+        env=job_environ(),
+    )  # fmt: skip
+    assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
+    return proc.stdout
+
+
+def wait_for(what, predicate, timeout, poll=0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
+
+
+def test_partitions_local_default_and_urgent(cluster):
+    text = slurm("scontrol", "show", "partition", "-o")
+    parts = {m["PartitionName"]: m for m in (dict(re.findall(r"(\w+)=(\S*)", line))
+                                             for line in text.splitlines())}  # fmt: skip
+    assert set(parts) >= {"local", "urgent"}, text
+    assert parts["local"]["Default"] == "YES" and parts["urgent"]["Default"] == "NO"
+    assert int(parts["urgent"]["PriorityTier"]) > int(parts["local"]["PriorityTier"])
+    assert parts["local"]["Nodes"] == parts["urgent"]["Nodes"]
+    assert int(parts["local"]["GraceTime"]) > 0
+    assert slurm("scontrol", "show", "config").count("preempt/partition_prio") == 1
+
+
+@pytest.mark.timeout(420)
+def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp_path):
+    script = tmp_path / "victim.sh"
+    script.write_text(VICTIM)
+    out = tmp_path / "victim.out"
+    with cluster_lock():
+        victim = slurm("sbatch", "--parsable", f"--output={out}", script).split(";")[0].strip()
+        urgent = None
+        try:
+            wait_for("the victim's task to run", lambda: out.exists()
+                     and "task: running" in out.read_text(), 60)  # fmt: skip
+            urgent = slurm(
+                "sbatch", "--parsable", "--partition=urgent", "--nodes=1", "--nodelist=node1",
+                "--exclusive", f"--output={tmp_path}/urgent.out", "--wrap",
+                'echo "urgent job on $(hostname)"',
+            ).split(";")[0].strip()  # fmt: skip
+            state, code, _ = wait_job(urgent, timeout=90)
+            assert (state, code) == ("COMPLETED", 0), (tmp_path / "urgent.out").read_text()
+            assert (tmp_path / "urgent.out").read_text() == "urgent job on node1\n"
+
+            # The victim was sent back to the queue; it may wait a while before it is eligible
+            # again (Slurm's requeue delay): let it start now.
+            record = wait_for("the victim's requeue", lambda: (r := job_record(victim))
+                              and int(r.get("Restarts", 0)) >= 1 and r, 90)  # fmt: skip
+            if record["JobState"] == "PENDING":
+                subprocess.run(["scontrol", "update", f"JobId={victim}", "StartTime=now"],
+                               capture_output=True, timeout=30, env=job_environ())  # fmt: skip
+            state, code, record = wait_job(victim, timeout=180)
+        finally:
+            for job in (victim, urgent):
+                if job:
+                    subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    text = out.read_text()
+    assert (state, code) == ("COMPLETED", 0), text
+    assert record["Restarts"] == "1", record
+    lines = text.splitlines()
+    assert lines[0] == f"run 0 of job {victim} in partition local", text
+    # The task got SIGTERM while it ran and had time to save before it was killed.
+    assert "task: SIGTERM, saving" in lines and "task: saved" in lines, text
+    assert "batch script: not reached" not in lines, text
+    assert f"run 1 of job {victim} in partition local" in lines and lines[-1] == "resumed", text
