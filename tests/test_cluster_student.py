@@ -1,0 +1,113 @@
+"""Jobs submitted by an ordinary user, as on a real cluster where nobody is root.
+
+cluster/up.sh creates the user ``student``. The tests copy the course into a folder the student
+owns and submit lessons from there as that user. The student's own ``.venv`` in the copy reads
+the packages of this checkout's venv (a .pth file: this venv's python may sit where the student
+cannot go), and MNIST comes from this checkout's data folder (MNIST_DIR): both read only.
+"""
+
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, wait_job
+
+USER = "student"
+COPY_IGNORE = shutil.ignore_patterns(
+    ".git", ".venv", "data", "runs", "checkpoints", "__pycache__", ".pytest_cache", ".ruff_cache"
+)
+
+
+@pytest.fixture
+def course_copy(cluster):
+    """A copy of the course owned by the student, removed afterwards."""
+    try:
+        user = pwd.getpwnam(USER)
+    except KeyError:
+        pytest.fail(f"no user {USER}: cluster/up.sh creates it", pytrace=False)
+    home = Path(user.pw_dir)
+    dest = Path(
+        subprocess.run(
+            ["runuser", "-u", USER, "--", "mktemp", "-d", f"{home}/course-XXXXXX"],
+            capture_output=True, text=True, check=True, timeout=30,
+        ).stdout.strip()
+    )  # fmt: skip
+    shutil.copytree(ROOT, dest, ignore=COPY_IGNORE, dirs_exist_ok=True)
+    subprocess.run(["chown", "-R", f"{USER}:", str(dest)], check=True, timeout=60)
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    base = shutil.which(version, path="/usr/local/bin:/usr/bin:/bin")
+    if base is None:
+        pytest.fail(f"no system {version} for the student's venv", pytrace=False)
+    venv = dest / ".venv"
+    proc = subprocess.run(
+        ["runuser", "-u", USER, "--", base, "-m", "venv", "--without-pip", str(venv)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    shared = ROOT / ".venv" / "lib" / version / "site-packages"
+    (venv / "lib" / version / "site-packages" / "course.pth").write_text(f"{shared}\n")
+    yield dest
+    shutil.rmtree(dest, ignore_errors=True)
+
+
+def as_student(course, *cmd, timeout=60):
+    """Run CMD as the student from the course copy, with a login-like environment."""
+    env = [
+        "env", "-i", "PATH=/usr/local/bin:/usr/bin:/bin", f"HOME=/home/{USER}", f"USER={USER}",
+        f"LOGNAME={USER}", "LANG=C.UTF-8", f"MNIST_DIR={ROOT / 'data' / 'mnist'}",
+    ]  # fmt: skip
+    return subprocess.run(
+        ["runuser", "-u", USER, "--", *env, *cmd], cwd=course, capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def submit_as_student(cluster_lock, course, script, *args, timeout=240):
+    with cluster_lock():
+        proc = as_student(course, "sbatch", "--parsable", "--output=slurm-%j.out", script, *args)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        job = proc.stdout.strip().split(";")[0]
+        try:
+            state, code, record = wait_job(job, timeout=timeout)
+        except TimeoutError:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+            raise
+    out = course / f"slurm-{job}.out"
+    return job, state, code, record, out
+
+
+@pytest.mark.timeout(600)
+def test_student_runs_lesson03_from_own_copy(cluster_lock, course_copy):
+    job, state, code, record, out = submit_as_student(
+        cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", "1",
+        "--train-subset", "6000", "--test-subset", "2000",
+    )  # fmt: skip
+    text = out.read_text()
+    assert (state, code) == ("COMPLETED", 0), text
+    assert record["UserId"].startswith(f"{USER}("), record
+    assert out.stat().st_uid == pwd.getpwnam(USER).pw_uid  # written by the student's job
+    assert "world size 4 (2 node(s) x 2)" in text, text
+    assert re.search(r"done: test_acc \d+\.\d+% after 1 epochs", text), text
+    ckpt = course_copy / "checkpoints" / f"ddp_mnist-{job}.pt"
+    assert ckpt.exists() and ckpt.stat().st_uid == pwd.getpwnam(USER).pw_uid
+
+
+@pytest.mark.timeout(300)
+def test_student_runs_lesson01_and_cannot_touch_root_files(cluster_lock, course_copy):
+    job, state, code, record, out = submit_as_student(
+        cluster_lock, course_copy, "lessons/01_hello_allreduce/job.sh"
+    )
+    text = out.read_text()
+    assert (state, code) == ("COMPLETED", 0), text
+    assert record["UserId"].startswith(f"{USER}("), record
+    # The student's tasks are not root: the checkout's own files stay out of reach.
+    probe = ROOT / ".student-write-probe"
+    with cluster_lock():
+        proc = as_student(course_copy, "srun", "-N2", "bash", "-c", f"id -un; touch {probe}")
+    probe.unlink(missing_ok=True)
+    assert proc.returncode != 0 and proc.stdout.split() == [USER, USER], proc.stdout
+    assert "Permission denied" in proc.stderr, proc.stderr
