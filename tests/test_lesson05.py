@@ -1,0 +1,301 @@
+"""Lesson 05 (fault tolerance).
+
+CPU (gloo, torchrun on this machine): a run stopped after an epoch, or by a signal that reaches
+one rank mid-epoch, resumes and ends with exactly the weights of an uninterrupted run; a rank
+that crashes is restarted by torchrun and the run resumes from the last checkpoint.
+Cluster: the time-limit warning and a real preemption (partition urgent) on one job, each
+followed by a checkpoint, a requeue and a resume; a chain (array + afterany); a faulty node
+that makes the job fail, named, then left out with --exclude.
+"""
+
+import importlib.util
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import job_environ, job_record, wait_job
+from helpers import clean_environ
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "lessons" / "05_fault_tolerance"
+sys.path.insert(0, str(ROOT))
+_spec = importlib.util.spec_from_file_location("fault_tolerance", LESSON / "train.py")
+ft = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ft)
+
+TIMEOUT = 120
+
+
+def command(nprocs, *args, restarts=0):
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nprocs}", f"--max-restarts={restarts}",
+            str(LESSON / "train.py"), *args]  # fmt: skip
+
+
+def run_train(nprocs, *args, restarts=0, **env):
+    return subprocess.run(command(nprocs, *args, restarts=restarts), cwd=ROOT,
+                          env=clean_environ(**env), capture_output=True, text=True,
+                          timeout=TIMEOUT)  # fmt: skip
+
+
+def load(path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def assert_same_state(a, b):
+    """Same weights, BatchNorm statistics and optimizer moments, bit for bit."""
+    assert (a["epoch"], a["step"]) == (b["epoch"], b["step"])
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    for key, moments in a["optimizer"]["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(value, b["optimizer"]["state"][key][name]), (key, name)
+    assert a["scheduler"]["last_epoch"] == b["scheduler"]["last_epoch"]
+
+
+# Three ranks, not two: with two, any order of adding up the gradients gives the same bits;
+# with three it does not, so only three show that a resumed run repeats the same arithmetic.
+N = 3
+ARGS = ["--epochs", "2", "--train-subset", "2048", "--test-subset", "1000", "--log-every", "4"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    ckpt = tmp_path_factory.mktemp("full") / "full.pt"
+    proc = run_train(N, *ARGS, "--checkpoint", str(ckpt))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "world size 3, 17 steps per epoch" in proc.stdout, proc.stdout
+    return proc.stdout, ckpt
+
+
+@pytest.mark.timeout(TIMEOUT * 2 + 30)
+def test_resume_after_an_epoch_gives_identical_weights(uninterrupted, tmp_path):
+    full_log, full = uninterrupted
+    part = tmp_path / "part.pt"
+    first = run_train(N, *ARGS, "--checkpoint", str(part), "--epochs-per-run", "1")
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "this run's 1 epoch(s) done: 1/2" in first.stdout, first.stdout
+    second = run_train(N, *ARGS, "--checkpoint", str(part))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert f"resumed from {part} at epoch 2, step 0" in second.stdout, second.stdout
+    assert_same_state(load(full), load(part))
+    want, got = ft.parse_log(full_log)[1], ft.parse_log(second.stdout)[0]
+    assert all(got[k] == want[k] for k in ("train_loss", "test_loss", "test_acc")), (got, want)
+
+
+def children(pid):
+    try:
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+@pytest.mark.timeout(TIMEOUT * 2 + 30)
+def test_sigterm_to_one_rank_mid_epoch_then_resume_gives_identical_weights(uninterrupted,
+                                                                           tmp_path):  # fmt: skip
+    """Preemption's SIGTERM reaches one rank only; all ranks stop at the same step and save."""
+    full_log, full = uninterrupted
+    part, log = tmp_path / "part.pt", tmp_path / "stopped.log"
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(
+            command(N, *ARGS, "--checkpoint", str(part)), cwd=ROOT, env=clean_environ(),
+            stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while "batch 4/17" not in log.read_text():
+                assert launcher.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.02)
+            workers = children(launcher.pid)
+            assert len(workers) == N, workers
+            os.kill(workers[-1], signal.SIGTERM)  # one rank only
+            launcher.wait(timeout=TIMEOUT)
+        finally:
+            if launcher.poll() is None:
+                launcher.kill()
+    text = log.read_text()
+    match = re.search(r"checkpoint saved at epoch (\d), step (\d+); exiting with 75", text)
+    assert match, text
+    epoch, step = int(match[1]), int(match[2])
+    assert step % 10 == 0, text
+    assert (load(part)["epoch"], load(part)["step"]) == (epoch - 1, step)
+
+    resumed = run_train(N, *ARGS, "--checkpoint", str(part))
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"resumed from {part} at epoch {epoch}, step {step}" in resumed.stdout
+    assert_same_state(load(full), load(part))
+    want, got = ft.parse_log(full_log)[epoch - 1], ft.parse_log(resumed.stdout)[0]
+    assert got["epoch"] == epoch and got["test_acc"] == want["test_acc"]
+    assert got["train_loss"] == pytest.approx(want["train_loss"], abs=2e-4)
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_checkpoint_of_another_shape_is_refused_in_one_line(uninterrupted, tmp_path):
+    copy = tmp_path / "copy.pt"
+    copy.write_bytes(uninterrupted[1].read_bytes())
+    proc = run_train(2, *ARGS, "--checkpoint", str(copy))
+    assert proc.returncode != 0
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [
+        f"error: checkpoint {copy} was written with world_size=3, this run has world_size=2: "
+        f"run with the same settings to continue it, or delete it (rm {copy}) to start afresh, "
+        "or pass another CHECKPOINT (--checkpoint PATH)"
+    ], proc.stderr
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_crashed_rank_is_named_and_restarted_from_the_last_checkpoint(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    proc = run_train(2, "--epochs", "2", "--train-subset", "2048", "--test-subset", "500",
+                     "--checkpoint", str(ckpt), "--crash-rank", "1", "--crash-at-step", "5",
+                     restarts=1, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")  # as crash.sh  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    # The traceback @record wrote for torchrun, and the restart from the epoch-1 checkpoint.
+    assert "RuntimeError: deliberate crash of rank 1" in out, out
+    assert f"resumed from {ckpt} at epoch 2, step 0" in out, out
+    assert [r["epoch"] for r in ft.parse_log(out)] == [1, 2], out
+    assert load(ckpt)["epoch"] == 2
+
+
+def test_sample_outputs_in_the_lesson_folder():
+    texts = {p.name: p.read_text() for p in LESSON.glob("*.out")}
+    warned = [t for t in texts.values() if "got SIGUSR1" in t]
+    preempted = [t for t in texts.values() if "stop requested (signal 15)" in t]
+    assert len(warned) == 1 and len(preempted) == 1, sorted(texts)
+    for text in warned + preempted:
+        assert "exiting with 75 to be requeued" in text and "SLURM_RESTART_COUNT=1" in text
+        assert re.search(r"resumed from \S+ at epoch \d, step [1-9]\d*", text), text
+        assert "done: test_acc" in text, text
+    assert "urgent job" in texts[next(n for n in texts if n.startswith("ft-urgent"))]
+    chain = [t for n, t in texts.items() if n.startswith("ft-chain-")]
+    assert len(chain) == 1 and chain[0].count("=== link") == 3, sorted(texts)
+    crashes = [t for t in texts.values() if "deliberate crash" in t]
+    assert any("finished" in t for t in crashes) and any("failed" in t for t in crashes)
+
+
+# --------------------------------------------------------------------------- local cluster
+
+
+def slurm(*args, timeout=30):
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env=job_environ())  # fmt: skip
+    assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
+    return proc.stdout.strip().split(";")[0]
+
+
+def wait_for(what, predicate, timeout, poll=0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
+
+
+def release_after_requeue(job_id, restarts):
+    """SLURM holds a requeued job (EligibleTime, about 2 minutes here): release it at once."""
+    wait_for(f"requeue {restarts}", lambda: (r := job_record(job_id)) and
+             int(r.get("Restarts", 0)) >= restarts and r["JobState"] == "PENDING", 90)  # fmt: skip
+    # Not within the second of the requeue: SLURM revoked the previous run's credential in that
+    # second and would refuse to start the job with a credential of the same second.
+    time.sleep(2)
+    subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"],
+                   capture_output=True, timeout=30, env=job_environ())  # fmt: skip
+
+
+SMALL = ["--train-subset", "32000", "--test-subset", "2000", "--log-every", "20"]
+
+
+@pytest.mark.timeout(420)
+def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
+    out, ckpt = tmp_path / "job.out", tmp_path / "ckpt.pt"
+    def log():
+        return out.read_text() if out.exists() else ""
+
+    with cluster_lock():
+        job = slurm("sbatch", "--parsable", f"--output={out}", f"--export=ALL,CHECKPOINT={ckpt}",
+                    LESSON / "requeue.sh", "1", *SMALL)  # fmt: skip
+        urgent = None
+        try:
+            # 1. The time-limit warning, sent now: what --signal=B:USR1@120 sends before the end.
+            wait_for("a progress line", lambda: "batch 20/" in log(), 120)
+            slurm("scancel", "--signal=USR1", "--batch", job)
+            release_after_requeue(job, 1)
+            # 2. Preemption: a job of partition urgent needs every GPU of both nodes.
+            wait_for("the resumed run", lambda: log().count("batch 40/") >= 1
+                     and "SLURM_RESTART_COUNT=1" in log(), 120)  # fmt: skip
+            urgent = slurm("sbatch", "--parsable", f"--output={tmp_path}/urgent.out",
+                           LESSON / "preempt.sh")  # fmt: skip
+            assert wait_job(urgent, timeout=120)[:2] == ("COMPLETED", 0)
+            release_after_requeue(job, 2)
+            state, code, _ = wait_job(job, timeout=180)
+        finally:
+            for j in (job, urgent):
+                if j:
+                    subprocess.run(["scancel", j], capture_output=True, timeout=30)
+    text = log()
+    assert (state, code) == ("COMPLETED", 0), text
+    stops = re.findall(r"checkpoint saved at epoch 1, step (\d+); exiting with 75", text)
+    assert len(stops) == 2 and int(stops[0]) < int(stops[1]), text
+    # The warning reaches the batch shell (B:), which passes it on; preemption signals the tasks.
+    assert "got SIGUSR1" in text and "stop requested (signal 15)" in text, text
+    for restart, step in enumerate(stops, 1):
+        assert f"SLURM_RESTART_COUNT={restart}" in text, text
+        assert f"resumed from {ckpt} at epoch 1, step {step}" in text, text
+    assert re.search(r"done: test_acc \d+\.\d+% after 1 epochs", text), text
+
+
+@pytest.mark.timeout(300)
+def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_path):
+    out = tmp_path / "chain.out"
+    env = f"--export=ALL,EPOCHS=3,CHAIN=test,CHECKPOINT={tmp_path}/chain.pt"
+    args = ["--train-subset", "4096", "--test-subset", "1000", "--log-every", "1000"]
+    with cluster_lock():
+        array = slurm("sbatch", "--parsable", "--array=1-2%1", f"--output={out}", env,
+                      LESSON / "chain.sh", *args)  # fmt: skip
+        last = slurm("sbatch", "--parsable", "--array=3", f"--dependency=afterany:{array}",
+                     f"--output={out}", env, LESSON / "chain.sh", *args)  # fmt: skip
+        try:
+            state, code, _ = wait_job(f"{last}_3", timeout=240)
+        finally:
+            subprocess.run(["scancel", array, last], capture_output=True, timeout=30)
+    text = out.read_text()
+    assert (state, code) == ("COMPLETED", 0), text
+    assert [int(n) for n in re.findall(r"=== link (\d) of chain test", text)] == [1, 2, 3], text
+    assert [r["epoch"] for r in ft.parse_log(text)] == [1, 2, 3], text
+    assert text.count("resumed from") == 2 and "done: test_acc" in text, text
+
+
+@pytest.mark.timeout(300)
+def test_faulty_node_is_named_then_excluded(cluster, cluster_lock, tmp_path):
+    args = ["1", "--train-subset", "2048", "--test-subset", "500", "--faulty-node", "node2",
+            "--crash-in-epoch", "1", "--crash-at-step", "3"]  # fmt: skip
+    results = []
+    with cluster_lock():
+        for extra in ([], ["--nodes=1", "--exclude=node2"]):
+            out = tmp_path / f"crash{len(results)}.out"
+            proc = subprocess.run(
+                ["sbatch", "--wait", f"--output={out}", "--export=ALL,MAX_RESTARTS=0", *extra,
+                 LESSON / "crash.sh", *args],
+                capture_output=True, text=True, timeout=200, cwd=ROOT, env=job_environ(),
+            )  # fmt: skip
+            results.append((proc.returncode, out.read_text()))
+    (failed, text), (ok, rerun) = results
+    assert failed != 0, text
+    # torchrun's report: the first failure, with the traceback @record saved in its error file
+    # (its "host" field reads localhost here: all nodes of the local cluster are one machine).
+    root = text.partition("Root Cause (first observed failure)")[2]
+    assert "error_file: /" in root, text
+    assert re.search(r"RuntimeError: deliberate crash of rank [23] on node2", root), text
+    assert "resubmit without it, sbatch --exclude=<host>" in text, text
+    assert ok == 0, rerun
+    assert "on node1: 1 node(s) x 2 workers" in rerun and "done: test_acc" in rerun, rerun
