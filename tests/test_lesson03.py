@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_environ
+from conftest import job_environ, wait_job
 from helpers import clean_environ  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,16 +206,21 @@ JOB = "lessons/03_ddp_mnist/job.sh"
 
 
 def submit(cluster_lock, tmp_path, *job_args, env=None, timeout=240):
-    """sbatch --wait JOB JOB_ARGS (the fixture sbatch_wait puts its arguments before the script);
-    returns (exit status, output)."""
+    """Submit JOB with JOB_ARGS (the fixture sbatch_wait puts its arguments before the script)
+    and wait for its end, polling faster than sbatch --wait; returns (exit status, output)."""
     out = tmp_path / "slurm-%j.out"
-    cmd = ["sbatch", "--wait", "--parsable", f"--output={out}", JOB, *job_args]
+    cmd = ["sbatch", "--parsable", f"--output={out}", JOB, *job_args]
     with cluster_lock():
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
                               env=job_environ(env))  # fmt: skip
-    job_id = proc.stdout.strip().split(";")[0]
+        assert proc.returncode == 0, proc.stderr
+        job_id = proc.stdout.strip().split(";")[0]
+        try:
+            _, status, _ = wait_job(job_id, timeout=timeout)
+        finally:
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
     log = Path(str(out).replace("%j", job_id))
-    return proc.returncode, log.read_text() if job_id and log.exists() else proc.stderr
+    return status, log.read_text() if log.exists() else ""
 
 
 @pytest.mark.timeout(300)
