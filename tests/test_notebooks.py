@@ -42,6 +42,7 @@ def test_every_lesson_is_there():
         "02_launch_vs_srun",
         "03_ddp_mnist",
         "04_torchrun_enroot",
+        "05_fault_tolerance",
         "06_diagnosing_hangs",
     ]
 
