@@ -13,6 +13,7 @@ from pathlib import Path
 
 import hostlist
 import pytest
+import torch
 from helpers import clean_environ, sample_output, tidy  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,6 +159,8 @@ def shape(text):
         "json_lines": sum(line.startswith("{") for line in lines),
         "summary": [line for line in lines if line.startswith(("all ", "FAILED"))],
         "tracebacks": sum(line.startswith("Traceback") for line in lines),
+        "sysinfo": sorted(re.sub(r"\(.*", "", line) for line in lines
+                          if re.match(r"^node\d+: (python|torch|backends)", line)),
     }
 
 
@@ -177,7 +180,117 @@ def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
     # The master is the job's first node; all ranks agreed on the port derived from the job.
     assert world["addr"] == hosts[0], text
     assert world["launcher"] == launcher and world["backend"] in ("gloo", "nccl")
+    if script == "job.sh":
+        # common.sysinfo once per node, each node's lines together: torch and its backends.
+        report = [line.split(": ", 1) for line in text.splitlines()
+                  if re.match(r"^node\d+: ", line)]  # fmt: skip
+        assert [host for host, _ in report] == sorted(host for host, _ in report), text
+        assert sorted({host for host, _ in report}) == sorted(hosts), text
+        for host in hosts:
+            assert f"{host}: torch {torch.__version__} (git " in text, text
+            assert re.search(rf"^{host}: backends: gloo yes, nccl (yes|no), mpi (yes|no)", text,
+                             re.M), text  # fmt: skip
     # The stored sample is what this script printed on the local cluster: same shape.
     sample = sample_output(LESSON, job_name)
     assert shape(sample.read_text()) == shape(text), f"{sample} vs {result.output_path}"
     tidy(result)  # only when every check passed: a failed run keeps its file
+
+
+# --------------------------------------------------------------------------- by hand
+
+BY_HAND_LINE = re.compile(
+    r"^rank (?P<rank>\d+)/(?P<world>\d+) on (?P<host>\S+) \(node (?P<node>\d+), "
+    r"local (?P<local>\d+)\): sum (?P<sum>\S+) expected (?P<expected>\S+) (?P<verdict>OK|WRONG)$"
+)
+
+
+def fake_srun(nodes, per_node, *args, port):
+    """Start by_hand.py once per task with the variables srun would give it, on this host."""
+    procs = []
+    for node in range(nodes):
+        for local in range(per_node):
+            task = dict(SLURM_NODEID=str(node), SLURM_LOCALID=str(local),
+                        SLURM_PROCID=str(node * per_node + local),
+                        SLURM_NTASKS=str(nodes * per_node), SLURM_NNODES=str(nodes),
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
+            procs.append(subprocess.Popen(
+                [sys.executable, str(LESSON / "by_hand.py"), "--timeout", "30", *args],
+                cwd=ROOT, env=clean_environ(**task), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True))  # fmt: skip
+    outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    return [p.returncode for p in procs], "".join(o for o, _ in outs), "".join(e for _, e in outs)
+
+
+def check_by_hand(text, world, init_prefix):
+    lines = [m.groupdict() for m in map(BY_HAND_LINE.match, text.splitlines()) if m]
+    assert sorted(int(r["rank"]) for r in lines) == list(range(world)), text
+    expected = f"{world * (world - 1) / 2:g}"
+    for r in lines:
+        assert (r["world"], r["sum"], r["expected"], r["verdict"]) == (
+            str(world), expected, expected, "OK"), text  # fmt: skip
+    heads = re.findall(r"^init_method=(\S+): (\d+) processes, backend (\w+)$", text, re.M)
+    assert len(heads) == 1 and heads[0][0].startswith(init_prefix), text
+    assert int(heads[0][1]) == world, text
+    return lines
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize("method", ["env", "tcp", "file"])
+def test_by_hand_every_init_method_on_this_machine(method, tmp_path):
+    """Two processes given the variables srun would give them: the script alone does the rest."""
+    with socket.socket() as sock:  # a port free right now, for rank 0's store
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dist_file = tmp_path / "rendezvous"
+    codes, out, err = fake_srun(1, 2, "--init", method, "--dist-file", dist_file,
+                                port=port)  # fmt: skip
+    assert codes == [0, 0], out + err
+    prefix = {"env": "env://", "tcp": "tcp://127.0.0.1:", "file": f"file://{dist_file}"}[method]
+    check_by_hand(out, 2, prefix)
+
+
+@pytest.mark.timeout(60)
+def test_by_hand_says_what_is_missing():
+    proc = run_lesson("by_hand.py")  # no SLURM variables at all
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout
+    assert proc.stderr == ("by_hand.py: SLURM_NODEID is not set: start this script with srun "
+                           "inside a job (sbatch lessons/01_hello_allreduce/by_hand.sh)\n")
+    task = dict(SLURM_NODEID="0", SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NTASKS="1",
+                SLURM_NNODES="1")  # fmt: skip
+    proc = run_lesson("by_hand.py", **task)
+    assert proc.returncode == 1 and "MASTER_ADDR and MASTER_PORT must be set" in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    # 3 tasks on 2 nodes: node 1's only task is rank 2, the formula says 1 * 1 + 0 = 1.
+    uneven = dict(SLURM_NODEID="1", SLURM_LOCALID="0", SLURM_PROCID="2", SLURM_NTASKS="3",
+                  SLURM_NNODES="2")  # fmt: skip
+    proc = run_lesson("by_hand.py", **uneven)
+    assert proc.returncode == 1 and "uneven number of tasks per node" in proc.stderr, proc.stderr
+    proc = run_lesson("by_hand.py", "--init", "file", **task)
+    assert proc.returncode == 2 and "--init file needs --dist-file PATH" in proc.stderr
+
+
+@pytest.mark.timeout(300)
+def test_by_hand_job_on_local_cluster(cluster, sbatch_wait):
+    result = sbatch_wait("lessons/01_hello_allreduce/by_hand.sh", timeout=240)
+    text = result.output
+    assert result.returncode == 0, text
+    header = re.match(r"^job (\d+) on nodes (\S+): 2 node\(s\) x 2 tasks, MASTER_ADDR=(\S+) "
+                      r"MASTER_PORT=(\d+)$", text.splitlines()[0])  # fmt: skip
+    assert header and header[1] == str(result.job_id), text
+    hosts = hostlist.expand_hostlist(header[2])
+    assert header[3] == hosts[0], text  # scontrol show hostnames | head -n 1
+    assert int(header[4]) == 15000 + int(result.job_id) % 15000, text
+    sections = re.split(r"^== init_method (\w+)$", text, flags=re.M)
+    assert sections[1::2] == ["env", "tcp", "file"], text
+    for method, part in zip(sections[1::2], sections[2::2], strict=True):
+        prefix = {"env": "env://", "tcp": f"tcp://{hosts[0]}:{header[4]}",
+                  "file": f"file://{ROOT}/runs/by-hand-{result.job_id}.init"}[method]  # fmt: skip
+        for r in check_by_hand(part, 4, prefix):
+            # rank = node index x tasks per node + local index, on the node SLURM named
+            assert int(r["rank"]) == int(r["node"]) * 2 + int(r["local"]), part
+            assert r["host"] == hosts[int(r["node"])], part
+    assert not (ROOT / f"runs/by-hand-{result.job_id}.init").exists()  # removed after use
+    sample = sample_output(LESSON, "by-hand").read_text()
+    assert re.split(r"^== init_method (\w+)$", sample, flags=re.M)[1::2] == ["env", "tcp", "file"]
+    assert sum(bool(BY_HAND_LINE.match(line)) for line in sample.splitlines()) == 3 * 4, sample
+    tidy(result)
