@@ -212,7 +212,7 @@ def release_after_requeue(job_id, restarts):
                    capture_output=True, timeout=30, env=job_environ())  # fmt: skip
 
 
-SMALL = ["--train-subset", "32000", "--test-subset", "2000", "--log-every", "20"]
+SMALL = ["--train-subset", "20000", "--test-subset", "2000", "--log-every", "20"]
 
 
 @pytest.mark.timeout(420)
@@ -283,12 +283,12 @@ def test_faulty_node_is_named_then_excluded(cluster, cluster_lock, tmp_path):
     with cluster_lock():
         for extra in ([], ["--nodes=1", "--exclude=node2"]):
             out = tmp_path / f"crash{len(results)}.out"
-            proc = subprocess.run(
-                ["sbatch", "--wait", f"--output={out}", "--export=ALL,MAX_RESTARTS=0", *extra,
-                 LESSON / "crash.sh", *args],
-                capture_output=True, text=True, timeout=200, cwd=ROOT, env=job_environ(),
-            )  # fmt: skip
-            results.append((proc.returncode, out.read_text()))
+            job = slurm("sbatch", "--parsable", f"--output={out}", "--export=ALL,MAX_RESTARTS=0",
+                        *extra, LESSON / "crash.sh", *args)  # fmt: skip
+            try:
+                results.append((wait_job(job, timeout=150)[1], out.read_text()))
+            finally:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
     (failed, text), (ok, rerun) = results
     assert failed != 0, text
     # torchrun's report: the first failure, with the traceback @record saved in its error file
