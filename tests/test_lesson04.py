@@ -354,13 +354,18 @@ def samples():
         text = path.read_text()
         m = re.search(r"^job \d+: form (\S+),", text, re.MULTILINE)
         assert m, path
-        found.setdefault(m[1], text)
+        form = "dry-run" if any(map(DRY_LINE.match, text.splitlines())) else m[1]
+        assert form not in found, f"two samples of form {form}: {path}"
+        found[form] = text
     return found
 
 
 def test_sample_outputs_have_the_shape_of_a_run():
     kept = samples()
-    assert {"static", "rdzv", "standalone"} <= set(kept), sorted(kept)
+    assert {"static", "rdzv", "standalone", "dry-run"} == set(kept), sorted(kept)
+    dry = dry_run_commands(kept["dry-run"])
+    assert sorted(dry) == ["node1", "node2"], kept["dry-run"]
+    assert all(cmds[-1][:2] == ["enroot", "start"] for cmds in dry.values()), kept["dry-run"]
     for form in ("static", "rdzv"):
         check_training(kept[form], nodes=2, per_node=2, hosts=["node1", "node2"])
         check_host_fallback(kept[form], ["node1", "node2"])
