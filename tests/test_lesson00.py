@@ -8,6 +8,7 @@ The jobs are short: the whole file takes about 20 s of cluster time.
 
 from __future__ import annotations
 
+import getpass
 import re
 import subprocess
 import time
@@ -164,6 +165,20 @@ def oom_enforced():
     return bool(re.search(r"^\s*ConstrainRAMSpace\s*=\s*yes", text, re.M | re.I))
 
 
+def accounting_on():
+    proc = slurm("sacct", "--noheader", "-j", "1", check=False)
+    return "accounting storage is disabled" not in proc.stdout + proc.stderr
+
+
+def mailbox():
+    """The local cluster's mailbox for this user, when its MailProg delivers to one."""
+    config = slurm("scontrol", "show", "config").stdout
+    prog = re.search(r"^MailProg\s*=\s*(\S+)", config, re.M)
+    if not prog or Path(prog[1]).name != "mailprog.sh" or not Path(prog[1]).exists():
+        return None
+    return Path("/var/mail") / getpass.getuser()
+
+
 def test_memory_job_over_its_mem(cluster, cluster_lock, tmp_path):
     with cluster_lock():
         job = sbatch(f"--chdir={tmp_path}", "lessons/00_slurm_basics/memory.sh")
@@ -172,9 +187,20 @@ def test_memory_job_over_its_mem(cluster, cluster_lock, tmp_path):
     assert f"job {job} on node1: --mem gives 300 MB per node" in text, text
     assert "holding 100 MB" in text, text
     if oom_enforced():
-        # The kernel stops the step near 300 MB; SLURM says why.
-        assert record["JobState"] == "OUT_OF_MEMORY", (record, text)
-        assert "holding 600 MB" not in text and "oom-kill" in text, text
+        # The kernel stops the step near 300 MB; SLURM says why. The step ends OUT_OF_MEMORY;
+        # the job FAILED (Slurm 22.05: the batch script's srun failed) or OUT_OF_MEMORY.
+        assert record["JobState"] in ("OUT_OF_MEMORY", "FAILED"), (record, text)
+        assert "holding 600 MB" not in text and "still alive" not in text, text
+        assert f"Detected 1 oom-kill event(s) in StepId={job}.0" in text, text
+        if accounting_on():  # the database hears of the end a moment after scontrol
+            deadline = time.monotonic() + 10
+            while True:
+                steps = slurm("sacct", "--noheader", "--parsable2", "-j", job,
+                              "--format=JobID,State").stdout  # fmt: skip
+                if f"{job}.0|OUT_OF_MEMORY" in steps.splitlines():
+                    break
+                assert time.monotonic() < deadline, steps
+                time.sleep(0.5)
     else:
         assert record["JobState"] == "COMPLETED", (record, text)
         assert "still alive: this cluster does not enforce --mem" in text, text
@@ -215,14 +241,22 @@ def test_array_then_dependent_report(cluster, cluster_lock, tmp_path):
         *(f"lr={lr} final loss {expected_loss(float(lr))}" for lr in ranked),
         "best: lr=0.4",
     ], text
-    accounting = slurm("sacct", "--noheader", "-j", sweep, check=False)
-    if "accounting storage is disabled" in accounting.stdout + accounting.stderr:
-        assert "Slurm accounting storage is disabled" in text, text
-    else:
+    if accounting_on():
         assert re.search(rf"^{sweep}_0\s+sweep\s+COMPLETED\s+0:0", text, re.M), text
+        assert re.search(rf"^{sweep}_0\s+\S+\s+\S+\s+100M\s+COMPLETED", text, re.M), text
+    else:
+        assert "Slurm accounting storage is disabled" in text, text
+    box = mailbox()
+    if box is not None:  # --mail-type=END: slurmctld mails when the report ended
+        subject = f"Subject: Slurm Job_id={report} Name=report Ended"
+        deadline = time.monotonic() + 15
+        while not (box.exists() and subject in box.read_text(errors="replace")):
+            assert time.monotonic() < deadline, f"no mail '{subject}' in {box}"
+            time.sleep(0.5)
     sample_sweep = sorted(LESSON.glob("sweep-*_*.out"))
     assert [p.name.split("_")[1] for p in sample_sweep] == ["0.out", "1.out", "2.out", "3.out"]
     assert the_sample("report-*.out").splitlines()[1:6] == text.splitlines()[1:6]
+    assert ("== sacct" in text) and the_sample("report-*.out").count("\n== ") == text.count("\n== ")
 
 
 def test_busy_job_overlap_step_and_scancel(cluster, cluster_lock, tmp_path):

@@ -54,9 +54,13 @@ echo "== step 3: srun --output=$logs/%N-%t.out"
 srun --output="$logs/%N-%t.out" hostname
 for f in "$logs"/*.out; do echo "$(basename "$f"): $(cat "$f")"; done
 
-# A step running in the background, and what SLURM says about the job meanwhile.
-srun --nodes=1 --ntasks=1 --cpus-per-task=1 sleep 2 &
-sleep 1
+# A step running in the background, and what SLURM says about the job meanwhile (once SLURM
+# lists the step: starting it takes a moment).
+srun --nodes=1 --ntasks=1 --cpus-per-task=1 sleep 3 &
+for _ in $(seq 20); do
+    squeue --noheader --steps --jobs "$SLURM_JOB_ID" | grep -q "$SLURM_JOB_ID\.4 " && break
+    sleep 0.25
+done
 echo "== squeue --steps: the job's steps while step 4 runs"
 squeue --steps --jobs "$SLURM_JOB_ID"
 wait

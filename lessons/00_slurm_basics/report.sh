@@ -37,5 +37,7 @@ echo "== seff ${sweep}_0"
 if command -v seff > /dev/null; then
     seff "${sweep}_0" 2>&1 || true
 else
-    echo "seff is not installed on this cluster (it comes with Slurm's contribs)"
+    # seff (from Slurm's contribs) is not everywhere; sacct has the same figures.
+    echo "seff is not installed here; the same figures from sacct:"
+    sacct -j "${sweep}_0" --format=JobID,Elapsed,TotalCPU,MaxRSS,ReqMem,State 2>&1 || true
 fi
