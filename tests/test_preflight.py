@@ -350,6 +350,8 @@ def test_srun_preflight_on_the_cluster(srun):
     text = short.stdout + short.stderr
     assert short.returncode != 0, text
     lines = problem_lines(text)
-    assert len(lines) == 4, text  # each task stops on its own: no world to meet in
+    # No world to meet in: every task stops, and the first task of each node says why.
+    where = sorted(x.split(":")[1] for x in lines)
+    assert where == [" PROBLEM on node1", " PROBLEM on node2"], text
     assert all("2 processes on this node but SLURM gave it SLURM_GPUS_ON_NODE=1" in x
                for x in lines), text  # fmt: skip
