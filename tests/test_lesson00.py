@@ -52,8 +52,11 @@ def sbatch(*args):
 def records(job_id):
     """{JobId: fields} for a job (one entry per array task) from scontrol."""
     out = slurm("scontrol", "show", "job", "--oneliner", job_id, check=False).stdout
-    return {f["JobId"]: f for f in (dict(re.findall(r"(\S+?)=(\S*)", line))
-                                    for line in out.splitlines()) if "JobId" in f}
+    return {
+        f["JobId"]: f
+        for f in (dict(re.findall(r"(\S+?)=(\S*)", line)) for line in out.splitlines())
+        if "JobId" in f
+    }
 
 
 def wait(job_id, timeout=60):
@@ -232,7 +235,9 @@ def test_array_then_dependent_report(cluster, cluster_lock, tmp_path):
         text = (tmp_path / f"sweep-{sweep}_{index}.out").read_text()  # %A_%a
         assert re.fullmatch(
             rf"array job {sweep} task {index} \(job id \d+\) on node\d: lr={lr}\n"
-            rf"lr={lr} final loss {re.escape(expected_loss(float(lr)))}\n", text), text
+            rf"lr={lr} final loss {re.escape(expected_loss(float(lr)))}\n",
+            text,
+        ), text
     assert done["JobState"] == "COMPLETED", done
     text = (tmp_path / f"report-{report}.out").read_text()
     ranked = sorted(rates, key=lambda lr: float(expected_loss(float(lr))))
@@ -264,11 +269,17 @@ def test_busy_job_overlap_step_and_scancel(cluster, cluster_lock, tmp_path):
         job = sbatch(f"--chdir={tmp_path}", "lessons/00_slurm_basics/busy.sh")
         try:
             deadline = time.monotonic() + 30
-            while records(job)[job]["JobState"] != "RUNNING":
+            out = tmp_path / f"busy-{job}.out"
+            # RUNNING, and its step 0 started (it prints every second): the next step is step 1
+            while records(job)[job]["JobState"] != "RUNNING" or "working:" not in (
+                out.read_text() if out.exists() else ""
+            ):
                 assert time.monotonic() < deadline, records(job)
                 time.sleep(0.3)
-            assert slurm("squeue", "--noheader", "--jobs", job, "--format=%T").stdout.strip() \
+            assert (
+                slurm("squeue", "--noheader", "--jobs", job, "--format=%T").stdout.strip()
                 == "RUNNING"
+            )
             # A second step in a job whose CPUs step 0 holds: --overlap lets it in at once.
             start = time.monotonic()
             inside = slurm("srun", f"--jobid={job}", "--overlap", "bash", "-c",
