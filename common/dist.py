@@ -18,7 +18,13 @@ import os
 import torch
 import torch.distributed as dist
 
-from common.env import LaunchEnv, LaunchError, cuda_device_index, resolve_launch_env
+from common.env import (
+    LaunchEnv,
+    LaunchError,
+    cuda_device_index,
+    gpus_on_node,
+    resolve_launch_env,
+)
 
 # Two bounds. The rendezvous (every rank reaching rank 0's store) should fail within minutes when
 # a rank never starts or MASTER_ADDR is wrong, not after torch's default of 10-30 minutes; but a
@@ -59,13 +65,6 @@ def pick_backend_and_device(env: LaunchEnv | None = None) -> tuple[str, torch.de
     return "nccl", torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
 
 
-def slurm_gpus_on_node(environ=None) -> int:
-    """GPUs SLURM gave this node (SLURM_GPUS_ON_NODE), 0 when none or outside SLURM."""
-    environ = os.environ if environ is None else environ
-    text = environ.get("SLURM_GPUS_ON_NODE", "").strip()
-    return int(text) if text.isascii() and text.isdigit() else 0
-
-
 def check_gpus_usable(environ=None, nvidia_glob: str = NVIDIA_DEVICE_GLOB) -> str | None:
     """Called when torch sees no CUDA device. Returns a note to print, or raises LaunchError.
 
@@ -74,7 +73,7 @@ def check_gpus_usable(environ=None, nvidia_glob: str = NVIDIA_DEVICE_GLOB) -> st
       bookkeeping): a one-line note that training runs on the CPU.
     - No GPUs given: None.
     """
-    gpus = slurm_gpus_on_node(environ)
+    gpus = gpus_on_node(environ)
     if not gpus:
         return None
     devices = sorted(glob.glob(nvidia_glob))
@@ -104,11 +103,6 @@ def _timeouts(timeout_s: float | None) -> tuple[float, float]:
     collectives = DEFAULT_TIMEOUT_S if collectives is None else collectives
     rendezvous = _seconds_var(RDZV_TIMEOUT_VAR) or DEFAULT_RDZV_TIMEOUT_S
     return min(rendezvous, collectives), collectives
-
-
-def _timeout_s(timeout_s: float | None) -> float:
-    """The bound on every collective (kept for callers that want one number)."""
-    return _timeouts(timeout_s)[1]
 
 
 def _seconds_var(name: str) -> float | None:

@@ -551,6 +551,12 @@ def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_
         )
 
 
+def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
+    """GPUs SLURM gave this node (SLURM_GPUS_ON_NODE); 0 when none or outside SLURM."""
+    environ = os.environ if environ is None else environ
+    return _opt_int_var(environ, "SLURM_GPUS_ON_NODE") or 0
+
+
 def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> None:
     """More processes on a node than the GPUs SLURM gave it: refuse, CUDA or not.
 
@@ -558,7 +564,7 @@ def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> No
     on a CPU-only machine with bookkeeping GPUs the job would "work" with another world size
     (and another global batch) than the one it is written for.
     """
-    gpus = _opt_int_var(environ, "SLURM_GPUS_ON_NODE")
+    gpus = gpus_on_node(environ)
     if gpus and local_world_size > gpus:
         raise LaunchError(
             f"{local_world_size} processes on this node but SLURM gave it SLURM_GPUS_ON_NODE="
@@ -680,7 +686,7 @@ def cuda_device_index(
     environ = os.environ if environ is None else environ
     if visible_gpus >= env.local_world_size:
         return env.local_rank
-    on_node = _opt_int_var(environ, "SLURM_GPUS_ON_NODE") or 0
+    on_node = gpus_on_node(environ)
     if visible_gpus == 1 and on_node >= env.local_world_size:
         return 0
     raise LaunchError(
@@ -700,7 +706,7 @@ def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:
     The GPUs SLURM gave this node (SLURM_GPUS_ON_NODE), else the visible CUDA devices, else 1.
     """
     environ = os.environ if environ is None else environ
-    gpus = _opt_int_var(environ, "SLURM_GPUS_ON_NODE")
+    gpus = gpus_on_node(environ)
     if gpus:
         return gpus
     return _cuda_device_count() or 1
