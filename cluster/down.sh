@@ -22,4 +22,6 @@ esac
 mkdir -p "$CLUSTER_ROOT"
 take_lock
 stop_cluster all
+# The node names up.sh added to /etc/hosts go too: nothing of the cluster is left.
+write_hosts_text "$(hosts_without_block)"
 note "down"

@@ -184,3 +184,13 @@ stop_cluster() {
     fi
     ((keep_munge)) || rm -f /run/munge/munged.pid
 }
+
+# /etc/hosts without up.sh's marked block.
+hosts_without_block() {
+    awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{skip=1} !skip{print} $0==e{skip=0}' "$HOSTS_FILE"
+}
+
+# Write TEXT to /etc/hosts if it differs (in place: in a container the file may be a mount).
+write_hosts_text() {
+    [[ $1 == "$(<"$HOSTS_FILE")" ]] || printf '%s\n' "$1" >"$HOSTS_FILE"
+}

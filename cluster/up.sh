@@ -195,12 +195,7 @@ hosts_block() {
 
 # Replace our marked block in /etc/hosts (in place: the file may be a mount).
 write_hosts() {
-    local current new
-    current=$(<"$HOSTS_FILE")
-    new=$(awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" \
-        '$0==b{skip=1} !skip{print} $0==e{skip=0}' "$HOSTS_FILE")
-    new+=$'\n'$(hosts_block)
-    [[ $new == "$current" ]] || printf '%s\n' "$new" >"$HOSTS_FILE"
+    write_hosts_text "$(hosts_without_block)"$'\n'"$(hosts_block)"
 }
 
 # Is the cluster already running with exactly this configuration?

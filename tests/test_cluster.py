@@ -241,6 +241,7 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
             assert not live_processes(("slurmctld", "slurmd", "slurmstepd"))
             for stale in ("state", "spool", "run", "shape"):
                 assert not (CLUSTER_ROOT / stale).exists(), stale
+            assert "course-cluster" not in Path("/etc/hosts").read_text()  # names removed too
             assert run("bash", DOWN, timeout=60).returncode == 0  # down twice is fine
 
             proc = up()
