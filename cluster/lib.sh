@@ -23,6 +23,13 @@ HOSTS_FILE=/etc/hosts
 HOSTS_BEGIN="# BEGIN course-cluster (managed by cluster/up.sh)"
 HOSTS_END="# END course-cluster"
 MUNGE_PIDFILE=/run/munge/munged.pid
+# The nodes' network: one private /24 on a bridge in this machine's namespace, which holds the
+# controller's address (.254); node N is .N, in its own network namespace NETNS_PREFIX<N>, whose
+# end of a veth pair is called eth0 (the root end is VETH_PREFIX<N>, attached to the bridge).
+CLUSTER_NET=${COURSE_CLUSTER_NET:-10.213.0}
+BRIDGE=course-br0
+NETNS_PREFIX=course-node
+VETH_PREFIX=course-v
 LOCK_FILE=$CLUSTER_ROOT.lock
 
 die() {
@@ -173,6 +180,7 @@ stop_cluster() {
             die "could not stop: ${survivors[*]}"
         fi
     fi
+    stop_network
     # The nodes' cgroup trees (slurmd removes the jobs' groups, not its own slurm_<node>).
     find "$CGROUP_ROOT"/*/slurm_node* -depth -type d -exec rmdir {} + 2>/dev/null || true
     rm -rf "${CLUSTER_ROOT:?}/state" "${CLUSTER_ROOT:?}/spool" "${CLUSTER_ROOT:?}/run" \
@@ -183,6 +191,30 @@ stop_cluster() {
         echo "$KEPT_MUNGE" >"$RUN_DIR/daemons"
     fi
     ((keep_munge)) || rm -f /run/munge/munged.pid
+}
+
+# Remove every namespace, veth pair and the bridge that up.sh made (by their names, which
+# are ours), and wait until the kernel has let go of them.
+stop_network() {
+    local ns dev i
+    for ns in $(ip netns list 2>/dev/null | awk -v p="^${NETNS_PREFIX}[0-9]+$" '$1 ~ p {print $1}'); do
+        ip netns del "$ns" 2>/dev/null || true
+    done
+    # Deleting a namespace deletes its eth0 and with it the root end of the pair, but the
+    # kernel does it in the background: wait for it, then remove whatever is left.
+    for ((i = 0; i < 50; i++)); do
+        [[ -z $(our_links) ]] && break
+        sleep 0.1
+    done
+    for dev in $(our_links); do
+        ip link del "$dev" 2>/dev/null || true
+    done
+}
+
+# The network devices of this machine's namespace that up.sh made.
+our_links() {
+    ip -o link show 2>/dev/null | awk -F': ' -v v="^${VETH_PREFIX}[0-9]+(@|$)" -v b="$BRIDGE" \
+        '$2 ~ v || $2 == b {sub(/@.*/, "", $2); print $2}'
 }
 
 # /etc/hosts without up.sh's marked block.

@@ -81,13 +81,11 @@ done
 [[ $(id -u) -eq 0 ]] || die "run as root: it starts system daemons and writes /etc/slurm and /etc/hosts"
 
 CTL_NAME=course-ctl
-# Every daemon and node name sits on 127.0.0.1 (nodes differ by port): SLURM
-# answers a client on the address the client's connection came from, and on
-# loopback that source address is always 127.0.0.1.
-CLUSTER_ADDR=127.0.0.1
-CTL_ADDR=$CLUSTER_ADDR
+# Each node is a separate host on a private network (see start_network): node N has the address
+# CLUSTER_NET.N on its own eth0, and the controller, in this machine's namespace, CLUSTER_NET.254
+# on the bridge. Every slurmd listens on SLURM's usual port, 6818, on its own address.
+CTL_ADDR=$CLUSTER_NET.254
 CTL_PORT=6817
-NODE_PORT_BASE=6900
 # Seconds a preempted job of partition "local" has between SIGTERM and SIGKILL.
 GRACE_S=30
 SHAPE="nodes=$NODES gpus-per-node=$GPUS cpus-per-node=$CPUS mem-per-node=$MEM"
@@ -147,24 +145,18 @@ render_configs() {
     ((NODES == 1)) && node_list=node1
     ((GPUS > 0)) && gres=" Gres=gpu:$GPUS"
     for ((i = 1; i <= NODES; i++)); do
-        node_lines+="NodeName=node$i NodeHostname=node$i NodeAddr=$CLUSTER_ADDR"
-        node_lines+=" Port=$((NODE_PORT_BASE + i)) CPUs=$CPUS RealMemory=$MEM$gres State=UNKNOWN"$'\n'
+        node_lines+="NodeName=node$i NodeHostname=node$i NodeAddr=$CLUSTER_NET.$i"
+        node_lines+=" CPUs=$CPUS RealMemory=$MEM$gres State=UNKNOWN"$'\n'
     done
     if ((GPUS > 0)); then
         local files="${GPU_DEV_PREFIX}0"
         ((GPUS > 1)) && files="${GPU_DEV_PREFIX}[0-$((GPUS - 1))]"
         gres_lines="NodeName=$node_list Name=gpu File=$files"
     fi
-    # Binding to the hostname's address keeps slurmd (and srun) off other
-    # interfaces; it needs this machine's own name to resolve to 127.0.0.1 too,
-    # since srun started from a login shell listens on that address.
-    local comm="NoCtldInAddrAny,NoInAddrAny" host_addr
-    host_addr=$(getent ahostsv4 "$(hostname)" 2>/dev/null | awk 'NR==1{print $1}')
-    if [[ $host_addr != "$CLUSTER_ADDR" ]]; then
-        comm="NoCtldInAddrAny"
-        note "warning: this machine's name '$(hostname)' resolves to '${host_addr:-nothing}'," \
-            "not $CLUSTER_ADDR: slurmd will listen on all interfaces (see cluster/README.md)"
-    fi
+    # slurmctld binds to its own name's address (on the bridge). srun, which tasks on the nodes
+    # connect back to, listens on every address of the host it runs on: on the submitting
+    # machine that includes the bridge, inside a job it is the node's eth0.
+    local comm="NoCtldInAddrAny"
     SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
         "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
@@ -185,11 +177,10 @@ without_first_job_id() {
 hosts_block() {
     local i
     echo "$HOSTS_BEGIN"
-    local names="$CTL_NAME"
+    echo "$CTL_ADDR $CTL_NAME"
     for ((i = 1; i <= NODES; i++)); do
-        names+=" node$i"
+        echo "$CLUSTER_NET.$i node$i"
     done
-    echo "$CLUSTER_ADDR $names"
     echo "$HOSTS_END"
 }
 
@@ -207,6 +198,11 @@ already_up() {
     [[ -f $SLURMDBD_CONF && $(<"$SLURMDBD_CONF") == "$DBD_CONF_TEXT" ]] || return 1
     [[ -f $GRES_CONF && $(<"$GRES_CONF") == "$GRES_CONF_TEXT" ]] || return 1
     [[ -f $CGROUP_CONF && $(<"$CGROUP_CONF") == "$CGROUP_CONF_TEXT" ]] || return 1
+    local i
+    ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
+    for ((i = 1; i <= NODES; i++)); do
+        [[ -e /run/netns/$NETNS_PREFIX$i ]] || return 1
+    done
     local n pid count=0
     while read -r n pid; do
         pid_alive "$pid" "$n" || return 1
@@ -292,7 +288,7 @@ start_accounting() {
         die "slurmdbd did not start; see $LOG_DIR/slurmdbd.log and $LOG_DIR/start.log"
     wait_pidfile "$RUN_DIR/slurmdbd.pid" slurmdbd "$LOG_DIR/slurmdbd.log"
     for ((i = 0; i < 100; i++)); do
-        (: </dev/tcp/127.0.0.1/"$DBD_PORT") 2>/dev/null && break
+        (: </dev/tcp/"$CTL_ADDR"/"$DBD_PORT") 2>/dev/null && break
         sleep 0.1
     done
 }
@@ -339,7 +335,9 @@ start_slurm() {
     local i pid
     for ((i = 1; i <= NODES; i++)); do
         mkdir -p "$CLUSTER_ROOT/spool/node$i"
-        start_daemon "$LOG_DIR/start.log" \
+        # Its own network namespace (made by start_network) and its own hostname: slurmd and
+        # every task it starts see one node's network and name, as on a separate machine.
+        start_daemon "$LOG_DIR/start.log" nsenter --net="/run/netns/$NETNS_PREFIX$i" \
             unshare --uts sh -c "hostname node$i && exec slurmd -N node$i" ||
             die "slurmd for node$i did not start; see $LOG_DIR/slurmd-node$i.log"
     done
@@ -394,6 +392,47 @@ check_cgroups() {
 }
 check_cgroups
 
+# Namespaces, veth pairs and a bridge need CAP_NET_ADMIN; the private network must be free.
+check_network() {
+    [[ $CLUSTER_NET =~ ^(10\.[0-9]{1,3}|192\.168|172\.(1[6-9]|2[0-9]|3[01]))\.[0-9]{1,3}$ ]] ||
+        die "COURSE_CLUSTER_NET='$CLUSTER_NET' is not the first three numbers of a private" \
+            "address (10.x.y, 172.16-31.y, 192.168.y); unset it or use e.g. 10.213.0"
+    local probe=course-p$$ out
+    { command -v ip && command -v nsenter; } >/dev/null ||
+        die "network: the commands ip (iproute2) and nsenter (util-linux) are needed; install them"
+    if ! out=$(ip netns add "$probe" 2>&1 && ip link add "$probe" type bridge 2>&1); then
+        ip netns del "$probe" 2>/dev/null || true
+        die "network: cannot create a network namespace or a bridge ($out): the nodes need" \
+            "CAP_NET_ADMIN; run as root on a host, or in a container started with --cap-add=NET_ADMIN"
+    fi
+    ip link del "$probe" 2>/dev/null || true
+    ip netns del "$probe"
+    out=$(ip -4 -o addr show 2>/dev/null | awk -v b="$BRIDGE" '$2 != b {print $2, $4}' |
+        grep -F " $CLUSTER_NET." || true)
+    [[ -z $out ]] || die "network: $CLUSTER_NET.0/24 is already used on this machine (${out%%$'\n'*});" \
+        "pick another private /24 with COURSE_CLUSTER_NET=10.214.0 (say)"
+}
+check_network
+
+# A bridge in this machine's namespace (the controller's address) and, for every node, a
+# network namespace with its own loopback and an eth0 on the bridge. Nothing outside this
+# private network is routed to or from it.
+start_network() {
+    local i ns
+    ip link add "$BRIDGE" type bridge
+    ip addr add "$CTL_ADDR/24" dev "$BRIDGE"
+    ip link set "$BRIDGE" up
+    for ((i = 1; i <= NODES; i++)); do
+        ns=$NETNS_PREFIX$i
+        ip netns add "$ns"
+        ip link add "$VETH_PREFIX$i" type veth peer name eth0 netns "$ns"
+        ip link set "$VETH_PREFIX$i" master "$BRIDGE" up
+        ip -n "$ns" link set lo up
+        ip -n "$ns" addr add "$CLUSTER_NET.$i/24" dev eth0
+        ip -n "$ns" link set eth0 up
+    done
+}
+
 start_time=$EPOCHREALTIME
 note "starting ($SHAPE)"
 stop_cluster keep-munge
@@ -437,6 +476,8 @@ on_exit() {
     fi
 }
 trap on_exit EXIT
+start_network >>"$LOG_DIR/start.log" 2>&1 ||
+    die "network: could not create the bridge and namespaces; see $LOG_DIR/start.log"
 start_munge
 start_accounting
 SLURM_CONF_TEXT=${SLURM_CONF_TEXT/FirstJobId=1/FirstJobId=$(first_job_id)}

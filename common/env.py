@@ -621,9 +621,9 @@ def check_master_addr(env: LaunchEnv) -> None:
     """The master address must resolve, or every rank would wait for a host that is not there.
 
     When the job spans several nodes it must not be a loopback address either (``localhost``,
-    ``127.x.x.x``, ``::1``, or a name that resolves to one, such as a node's own name on Debian
-    and Ubuntu, where /etc/hosts maps it to 127.0.1.1): every node would look for rank 0 on
-    itself and wait for the rendezvous timeout.
+    ``127.x.x.x``, ``::1``, or another node's name that resolves to one here, as when a node's
+    /etc/hosts maps that name to loopback): every node would look for rank 0 on itself and
+    wait for the rendezvous timeout.
     """
     try:
         infos = socket.getaddrinfo(env.master_addr, env.master_port, type=socket.SOCK_STREAM)
@@ -632,7 +632,10 @@ def check_master_addr(env: LaunchEnv) -> None:
             f"MASTER_ADDR={env.master_addr!r} does not resolve ({exc}); set MASTER_ADDR to a "
             f"host name or IP address of the node running rank 0."
         ) from None
-    if env.num_nodes > 1 and _is_loopback_name(env.master_addr):
+    # A name is let through on its own node: rank 0's store listens on every address there, and
+    # the other nodes, which must not resolve it to loopback, check it for themselves.
+    if env.num_nodes > 1 and (_is_loopback_name(env.master_addr)
+                              or not _is_own_name(env.master_addr, env.hostname)):  # fmt: skip
         check_not_loopback(env.master_addr, env.num_nodes, [info[4][0] for info in infos])
 
 
@@ -644,6 +647,12 @@ def _is_loopback_name(addr: str) -> bool:
         return ipaddress.ip_address(addr.split("%")[0]).is_loopback
     except ValueError:
         return False
+
+
+def _is_own_name(addr: str, hostname: str) -> bool:
+    """Is ``addr`` this machine's own name (short or fully qualified)?"""
+    short = addr.lower().rstrip(".").split(".")[0]
+    return bool(hostname) and short == hostname.lower().split(".")[0]
 
 
 def check_not_loopback(master_addr: str, num_nodes: int, addresses: Sequence[str]) -> None:

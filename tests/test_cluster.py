@@ -217,6 +217,41 @@ def test_gloo_all_reduce_between_nodes(srun):
         assert r["hosts"] == ["node1", "node2"] and r["hostname"] == r["node"], r
 
 
+@pytest.mark.timeout(120)
+def test_nodes_are_separate_hosts_on_a_network(srun):
+    """Each node has its own address and eth0, and its own loopback: localhost on node2 is
+    node2, so only the name of node1 reaches a server on node1."""
+    proc = srun("-N2", "--ntasks-per-node=1", PYTHON, "tests/workers/net_probe.py",
+                env={"PROBE_PORT": str(free_port())}, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    node0, node1 = sorted((json.loads(line) for line in proc.stdout.splitlines()),
+                          key=lambda r: r["node"])  # fmt: skip
+    assert [node0["hostname"], node1["hostname"]] == ["node1", "node2"]
+    assert len(node0["addresses"]) == len(node1["addresses"]) == 1
+    assert node0["addresses"] != node1["addresses"], (node0, node1)
+    assert node0["interfaces"] == node1["interfaces"] == ["eth0", "lo"]
+    assert socket.gethostbyname("node1") == node0["addresses"][0]
+    assert node1["localhost"] == "ConnectionRefusedError", node1
+    assert node1["node1"] == "node0 via node1", node1
+
+
+@pytest.mark.timeout(180)
+def test_a_bare_script_with_master_addr_localhost_fails_across_nodes(srun):
+    """Without common/'s check, MASTER_ADDR=localhost hangs as on a real cluster: node2's
+    rank looks for the store on its own loopback until the rendezvous timeout."""
+    code = (
+        "import datetime, os, torch.distributed as dist; "
+        "dist.init_process_group('gloo', rank=int(os.environ['SLURM_PROCID']), "
+        "world_size=2, timeout=datetime.timedelta(seconds=8)); print('joined', flush=True)"
+    )
+    started = time.monotonic()
+    proc = srun("-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", PYTHON, "-c", code,
+                env={"MASTER_ADDR": "localhost", "MASTER_PORT": str(free_port())},
+                timeout=120)  # fmt: skip
+    assert proc.returncode != 0 and "joined" not in proc.stdout, proc.stdout + proc.stderr
+    assert time.monotonic() - started >= 8, proc.stderr  # it waited: nothing refused it early
+
+
 # --------------------------------------------------------------------------- stop / reshape
 
 
@@ -242,6 +277,9 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
             for stale in ("state", "spool", "run", "shape"):
                 assert not (CLUSTER_ROOT / stale).exists(), stale
             assert "course-cluster" not in Path("/etc/hosts").read_text()  # names removed too
+            # ... and the nodes' network: no namespace, veth pair or bridge of ours is left.
+            assert "course-node" not in run("ip", "netns", "list").stdout
+            assert "course-" not in run("ip", "-o", "link", "show").stdout
             assert run("bash", DOWN, timeout=60).returncode == 0  # down twice is fine
 
             proc = up()

@@ -217,3 +217,53 @@ def test_torchruns_own_master_address_is_not_second_guessed():
     by_hand = {k: v for k, v in worker.items() if not k.startswith("TORCHELASTIC")}
     with pytest.raises(LaunchError, match="loopback"):
         resolve(by_hand, check=True)
+
+
+# A node name that /etc/hosts maps to loopback (Debian and Ubuntu write "127.0.1.1 <own name>").
+# Each case runs a real interpreter with its own /etc/hosts and host name (mount and UTS
+# namespaces), so the names resolve through the real resolver.
+RESOLVE_CODE = """
+import json, sys
+from common.env import LaunchError, resolve_launch_env
+try:
+    env = resolve_launch_env(json.loads(sys.argv[1]), argv=["train.py"], check=True)
+    print("ok", env.master_addr)
+except LaunchError as exc:
+    print("error", exc)
+"""
+
+
+def resolve_on_host(tmp_path, hostname, hosts_lines, environ):
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private /etc/hosts (mount namespace)")
+    hosts = tmp_path / "hosts"
+    hosts.write_text("127.0.0.1 localhost\n" + hosts_lines + "\n")
+    proc = subprocess.run(
+        ["unshare", "--mount", "--uts", "sh", "-c",
+         'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"',
+         str(hosts), hostname, sys.executable, "-c", RESOLVE_CODE, json.dumps(environ)],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    "hostname, hosts_lines, expected",
+    [
+        # node2 resolves node1 to loopback: it would look for rank 0 on itself.
+        (
+            "node2",
+            "127.0.1.1 node1",
+            "error MASTER_ADDR='node1' is a loopback address (node1 -> 127.0.1.1)",
+        ),
+        # node1's own name on loopback: rank 0's store listens on every address there.
+        ("node1", "127.0.1.1 node1", "ok node1"),
+        ("node2", "192.0.2.1 node1", "ok node1"),
+    ],
+    ids=["other-node-on-loopback", "own-name-on-loopback", "network-address"],
+)
+def test_a_name_that_resolves_to_loopback(tmp_path, hostname, hosts_lines, expected):
+    environ = slurm_step(2, 0, 1, 4, "node[1-2]", "2(x2)", MASTER_ADDR="node1",
+                         MASTER_PORT="23008", PYTHONPATH=str(ROOT))  # fmt: skip
+    assert resolve_on_host(tmp_path, hostname, hosts_lines, environ).startswith(expected)
