@@ -813,6 +813,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if timeout <= 0:
             raise LaunchError(f"--timeout {timeout:g} must be a positive number of seconds")
         env = resolve_launch_env(check=False)
+        # A master address that does not resolve, or that is loopback in a job spanning several
+        # nodes, leaves nowhere to meet: stop now rather than wait out the timeout. (Under
+        # torchrun the agents already met; common.env leaves its address alone, and so do we.)
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            check_master_addr(env)
     except LaunchError as exc:
         # No world to meet in: every task stops; the first task of each node says why.
         if os.environ.get("SLURM_LOCALID", os.environ.get("LOCAL_RANK", "0")) == "0":

@@ -313,11 +313,11 @@ def test_two_hosts_pass_on_their_own_interface(two_hosts):
 def test_two_hosts_with_a_loopback_master_address(two_hosts):
     results = two_host_world(two_hosts, "localhost", GLOO_SOCKET_IFNAME="eth0")
     assert [rc for rc, _ in results] == [1, 1], results
+    # Nowhere to meet: each task says so at once instead of waiting for the other.
     for _, out in results:
+        assert problem_lines(out) == [line for line in out.splitlines() if line], out
         assert "MASTER_ADDR='localhost' is a loopback address" in out, out
-    assert "rank(s) 1 of WORLD_SIZE=2 never reached" in results[0][1], results[0][1]
-    assert "cannot reach rank 0 at MASTER_ADDR:MASTER_PORT=localhost" in results[1][1]
-    assert "connection refused" in results[1][1], results[1][1]
+        assert "never reached" not in out and "cannot reach" not in out, out
 
 
 @pytest.mark.timeout(RUN_TIMEOUT + 30)

@@ -1,8 +1,9 @@
 #!/bin/bash
 # FAILURE: MASTER_ADDR=localhost in a job that spans two nodes.
-# Every node looks for rank 0 on itself: on real nodes, the ranks of node2 wait at the
-# rendezvous until the timeout (or reach some other process listening on their own localhost).
-# common.env refuses a literal loopback address in a multi-node job before anything waits.
+# Every node looks for rank 0 on itself: the ranks of node2 wait at the rendezvous until the
+# timeout (or reach some other process listening on their own localhost). The preflight and
+# common.env refuse a loopback address in a multi-node job before anything waits; the last
+# step shows what a script without that check does.
 #
 #   sbatch lessons/06_diagnosing_hangs/localhost.sh          (from the course root)
 #
@@ -36,4 +37,18 @@ export MASTER_ADDR=localhost   # the mistake
 echo "== preflight"
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python -m common.preflight || echo "== preflight failed (exit $?)"
 echo "== the job"
-srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$lesson/step.py"
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$lesson/step.py" || echo "== the job failed (exit $?)"
+
+echo "== the same mistake without common/: plain torch.distributed"
+# Rank 0 (node1) opens the rendezvous store on its localhost; node2's ranks knock on their own
+# localhost, where nothing listens, until the timeout. --kill-on-bad-exit=1 ends the rest then.
+# (grep keeps each error's first line; the full tracebacks are long.)
+export MASTER_PORT=$((20000 + SLURM_JOB_ID % 10000))
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 python -c '
+import datetime, os, torch.distributed as dist
+dist.init_process_group(
+    "gloo", init_method="tcp://%s:%s" % (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"]),
+    rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]),
+    timeout=datetime.timedelta(seconds=int(os.environ["COURSE_DIST_TIMEOUT"])))
+print("rank", dist.get_rank(), "joined")
+' 2>&1 | grep -E "^(rank |torch\.distributed\.\w+: |srun: )|trying to connect" || true

@@ -2,10 +2,8 @@
 # FAILURE: GLOO_SOCKET_IFNAME=lo (or NCCL_SOCKET_IFNAME=lo) in a job that spans two nodes.
 # The rendezvous works (it uses MASTER_ADDR), but then every rank tells the others to connect
 # to it at its loopback address: each node connects to itself, and the first collective
-# fails or waits until the timeout.
-# Needs nodes with their own network to fail: where all nodes share one machine's network (the
-# course's local cluster before its nodes got separate network hosts), loopback reaches
-# everyone and the job runs; the preflight then says the setting would fail on real nodes.
+# fails: "Connection refused" where nothing listens on that port of the connecting node, a
+# connect time-out where the peer waits for a connection that never comes.
 #
 #   sbatch lessons/06_diagnosing_hangs/wrong_interface.sh          (from the course root)
 #
@@ -39,4 +37,6 @@ export GLOO_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo   # the mistake
 echo "== preflight"
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python -m common.preflight || echo "== preflight failed (exit $?)"
 echo "== the job"
-srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$lesson/step.py"
+# --kill-on-bad-exit=1: once node1's ranks give up, srun ends node2's, which would otherwise
+# wait for their own connect time-out.
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" --kill-on-bad-exit=1 python "$lesson/step.py"
