@@ -203,7 +203,7 @@ stop_network() {
     # Deleting a namespace deletes its eth0 and with it the root end of the pair, but the
     # kernel does it in the background: wait for it, then remove whatever is left.
     for ((i = 0; i < 50; i++)); do
-        [[ -z $(our_links) ]] && break
+        [[ $(our_links) == *"$VETH_PREFIX"* ]] || break
         sleep 0.1
     done
     for dev in $(our_links); do
