@@ -46,6 +46,9 @@ def main():
     if args.local_rank is not None:
         assert args.local_rank == int(os.environ["LOCAL_RANK"])
     if args.spawn:
+        # Check the layout here first: a refusal (say, a double spawn) then costs one process,
+        # not a spawned child per GPU, each importing torch only to fail the same way.
+        resolve_launch_env(spawn_index=0, spawn_nprocs=args.spawn)
         mp.spawn(spawned, args=(args.spawn,), nprocs=args.spawn, join=True)
     else:
         work(resolve_launch_env())
