@@ -3,6 +3,12 @@
 Tests that use the ``cluster`` fixture (directly or through ``sbatch_wait`` / ``srun``) are
 marked ``cluster`` and run after every other test, so a quick run of the unit tests is not held
 up by starting daemons: ``pytest -m "not cluster"`` skips them altogether.
+
+``make test`` runs two lanes (pytest-xdist, ``-n 2 --dist loadgroup``): every cluster test is
+in one group, so they run one after another on one worker, in collection order, from the start
+of the run, while the other worker takes the rest a file at a time (a notebook's cells stay in
+order, in one kernel). Most of a cluster test is waiting for a job; the unit tests fill that
+time. Only the worker that runs the cluster group starts the ``cluster`` fixture.
 """
 
 from __future__ import annotations
@@ -32,23 +38,63 @@ LOCK_TIMEOUT_S = 1800
 _FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 
 
+CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
+
+
+def _loadgroup(config) -> bool:
+    """Is this run split over pytest-xdist workers by xdist_group (``--dist loadgroup``)?
+    (A worker sees ``dist`` as "no" and xdist's own ``loadgroup`` flag set.)"""
+    return config.getoption("dist", None) == "loadgroup" or config.getoption("loadgroup", False)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "cluster: needs the local SLURM cluster (cluster/up.sh); runs after the rest"
+        "markers", "cluster: needs the local SLURM cluster (cluster/up.sh); runs after the rest "
+        "(under --dist loadgroup: in a lane of its own)",
     )
+    if _loadgroup(config):
+        # Hand out the groups in collection order (cluster group first, see below), not
+        # largest group first: the cluster group is the longest lane, so it starts at once.
+        config.option.loadscopereorder = False
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the xdist_group marks
 def pytest_collection_modifyitems(session, config, items):
-    """Mark tests that need the cluster and move them to the end (order otherwise kept)."""
+    """Mark tests that need the cluster and move them to the end (order otherwise kept).
+
+    Under ``--dist loadgroup`` they move to the front instead, all in one xdist_group; every
+    other test gets the group of its file (a notebook's cells, a module's fixtures stay on
+    one worker, in order).
+    """
+    lanes = _loadgroup(config)
     uses_cluster = []
     for item in items:
         needs = "cluster" in getattr(item, "fixturenames", ())
         if needs:
             item.add_marker(pytest.mark.cluster)
+        if lanes:
+            group = CLUSTER_GROUP if needs else item.nodeid.split("::", 1)[0]  # the file
+            item.add_marker(pytest.mark.xdist_group(group))
         uses_cluster.append(needs)
-    items[:] = [i for i, n in zip(items, uses_cluster, strict=True) if not n] + [
-        i for i, n in zip(items, uses_cluster, strict=True) if n
-    ]
+    rest = [i for i, n in zip(items, uses_cluster, strict=True) if not n]
+    cluster = [i for i, n in zip(items, uses_cluster, strict=True) if n]
+    items[:] = cluster + rest if lanes else rest + cluster
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist
+def pytest_xdist_node_collection_finished(node, ids):
+    """xdist hands a group to one worker by the suffix it adds to each test's id
+    ("...::test@group"), and every test here has a group. With some pytest releases it cannot
+    add it (pytest-xdist#1386), and the groups would be split silently: notebook cells out of
+    order, cluster tests side by side. Stop instead."""
+    ungrouped = [i for i in ids if i.rfind("@") <= i.rfind("]")]
+    if _loadgroup(node.config) and ungrouped:
+        pytest.exit(
+            f"--dist loadgroup: {len(ungrouped)} test(s) have no group, e.g. {ungrouped[0]} "
+            f"(pytest {pytest.__version__} with this pytest-xdist): install the versions in "
+            "requirements.txt",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 def job_environ(env: dict[str, str] | None = None) -> dict[str, str]:
