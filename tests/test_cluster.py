@@ -252,6 +252,26 @@ def test_a_bare_script_with_master_addr_localhost_fails_across_nodes(srun):
     assert time.monotonic() - started >= 8, proc.stderr  # it waited: nothing refused it early
 
 
+def test_shape_limits_every_nodes_link_both_ways_then_lifts_it(cluster, cluster_lock):
+    def qdiscs():  # both ends of each node's link: on the bridge, and the node's eth0
+        ends = [["tc"], ["tc"], ["ip", "netns", "exec", "course-node1", "tc"],
+                ["ip", "netns", "exec", "course-node2", "tc"]]  # fmt: skip
+        devs = ["course-v1", "course-v2", "eth0", "eth0"]
+        pairs = zip(ends, devs, strict=True)
+        return [run(*end, "qdisc", "show", "dev", dev).stdout for end, dev in pairs]
+
+    bad = run("bash", ROOT / "cluster" / "shape.sh", "fast")
+    assert bad.returncode == 1 and "RATE 'fast' is not a number" in bad.stderr, bad.stderr
+    with cluster_lock():
+        try:
+            proc = run("bash", ROOT / "cluster" / "shape.sh", "100mbit")
+            assert proc.returncode == 0, proc.stderr
+            assert all("tbf" in q and "rate 100Mbit" in q for q in qdiscs()), qdiscs()
+        finally:
+            proc = run("bash", ROOT / "cluster" / "shape.sh", "off")
+        assert proc.returncode == 0 and not any("tbf" in q for q in qdiscs()), qdiscs()
+
+
 # --------------------------------------------------------------------------- stop / reshape
 
 
