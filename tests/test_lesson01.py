@@ -5,6 +5,8 @@ Cluster: both job scripts are submitted to the local SLURM cluster and every lin
 sample output kept in the lesson folder has the same shape as the fresh run.
 """
 
+import importlib.util
+import os
 import re
 import socket
 import subprocess
@@ -32,6 +34,14 @@ WORLD_LINE = re.compile(
 JOB_LINE = re.compile(r"^job (?P<job>\d+) on nodes (?P<nodes>\S+):")
 
 
+
+
+def import_lesson(script):
+    """A lesson script as a module (its ``if __name__ == "__main__"`` part does not run)."""
+    spec = importlib.util.spec_from_file_location(f"lesson01_{script[:-3]}", LESSON / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def run_lesson(script, *args, **extra):
@@ -250,23 +260,35 @@ def test_by_hand_every_init_method_on_this_machine(method, tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_by_hand_says_what_is_missing():
+def test_by_hand_says_what_is_missing(monkeypatch, capsys):
     proc = run_lesson("by_hand.py")  # no SLURM variables at all
     assert proc.returncode == 1 and proc.stdout == "", proc.stdout
     assert proc.stderr == ("by_hand.py: SLURM_NODEID is not set: start this script with srun "
                            "inside a job (sbatch lessons/01_hello_allreduce/by_hand.sh)\n")
+    # The other stops, through the script's main() in this process (a SystemExit with a
+    # message is what the command line showed above: exit status 1, the message on stderr).
+    by_hand = import_lesson("by_hand.py")
+
+    def stop(*argv, **task):
+        for name in ("MASTER_ADDR", "MASTER_PORT", *(k for k in os.environ if k[:6] == "SLURM_")):
+            monkeypatch.delenv(name, raising=False)
+        for name, value in task.items():
+            monkeypatch.setenv(name, value)
+        with pytest.raises(SystemExit) as stopped:
+            by_hand.main(list(argv))
+        return stopped.value.code
+
     task = dict(SLURM_NODEID="0", SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NTASKS="1",
                 SLURM_NNODES="1")  # fmt: skip
-    proc = run_lesson("by_hand.py", **task)
-    assert proc.returncode == 1 and "MASTER_ADDR and MASTER_PORT must be set" in proc.stderr
-    assert proc.stderr.count("\n") == 1, proc.stderr
+    message = stop(**task)
+    assert "MASTER_ADDR and MASTER_PORT must be set" in message and "\n" not in message
     # 3 tasks on 2 nodes: node 1's only task is rank 2, the formula says 1 * 1 + 0 = 1.
     uneven = dict(SLURM_NODEID="1", SLURM_LOCALID="0", SLURM_PROCID="2", SLURM_NTASKS="3",
                   SLURM_NNODES="2")  # fmt: skip
-    proc = run_lesson("by_hand.py", **uneven)
-    assert proc.returncode == 1 and "uneven number of tasks per node" in proc.stderr, proc.stderr
-    proc = run_lesson("by_hand.py", "--init", "file", **task)
-    assert proc.returncode == 2 and "--init file needs --dist-file PATH" in proc.stderr
+    assert "uneven number of tasks per node" in stop(**uneven)
+    capsys.readouterr()
+    assert stop("--init", "file", **task) == 2  # argparse's usage error
+    assert "--init file needs --dist-file PATH" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(300)

@@ -83,7 +83,7 @@ def test_smoke_single_process_then_nothing_to_do(tmp_path):
     assert "nothing to do" in again.stdout and not train.parse_log(again.stdout)
 
 
-RESUME = ["--epochs", "2", "--train-subset", "4096", "--test-subset", "1000", "--log-every", "8"]
+RESUME = ["--epochs", "2", "--train-subset", "2048", "--test-subset", "1000", "--log-every", "8"]
 
 
 def descendants(pid):
