@@ -84,7 +84,7 @@ def submit_as_student(cluster_lock, course, script, *args, timeout=240):
 def test_student_runs_lesson03_from_own_copy(cluster_lock, course_copy):
     job, state, code, record, out = submit_as_student(
         cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", "1",
-        "--train-subset", "6000", "--test-subset", "2000",
+        "--train-subset", "2048", "--test-subset", "1000",
     )  # fmt: skip
     text = out.read_text()
     assert (state, code) == ("COMPLETED", 0), text
