@@ -56,8 +56,8 @@ lint: venv system
 # ports, times and paths). The notebooks run with COURSE_NOTEBOOK_SUBMIT=0: a cell that would
 # submit a job shows the stored output of a real run instead, since tests/test_lessonNN.py
 # submits the same job scripts to the cluster and checks what they print. Two lanes
-# (pytest-xdist): the cluster tests one after another on one worker, mostly waiting for jobs,
-# and the rest, a file or a notebook at a time, beside them (see tests/conftest.py).
+# (pytest-xdist): the cluster tests one after another on one worker, which waits for their
+# jobs, and the rest, a file or a notebook at a time, beside them (see tests/conftest.py).
 test: setup
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 

@@ -7,8 +7,8 @@ up by starting daemons: ``pytest -m "not cluster"`` skips them altogether.
 ``make test`` runs two lanes (pytest-xdist, ``-n 2 --dist loadgroup``): every cluster test is
 in one group, so they run one after another on one worker, in collection order, from the start
 of the run, while the other worker takes the rest a file at a time (a notebook's cells stay in
-order, in one kernel). Most of a cluster test is waiting for a job; the unit tests fill that
-time. Only the worker that runs the cluster group starts the ``cluster`` fixture.
+order, in one kernel). A cluster test's worker mostly waits for its job; the other worker's
+tests run meanwhile. Only the worker that runs the cluster group starts the ``cluster`` fixture.
 """
 
 from __future__ import annotations
