@@ -761,8 +761,17 @@ def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> d
     }
 
 
-def _cuda_device_count() -> int:
-    import torch  # imported late: `python -m common.env --export` stays quick without CUDA
+# The device files through which torch reaches a GPU: NVIDIA's control device (CUDA), AMD's
+# kernel driver (ROCm builds answer through torch.cuda too) and WSL2's GPU bridge. Where none
+# exists no process can see a GPU, and asking torch would cost its import (about 2 s of CPU)
+# in every `python -m common.env` of every job script.
+GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
+
+
+def _cuda_device_count(driver_files: Sequence[str] = GPU_DRIVER_FILES) -> int:
+    if not any(os.path.exists(path) for path in driver_files):
+        return 0
+    import torch  # imported late: only a machine with a GPU driver pays for it
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 

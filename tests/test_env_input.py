@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.env import (  # noqa: E402
+    GPU_DRIVER_FILES,
     LaunchError,
+    _cuda_device_count,
     _expand_builtin,
     expand_hostlist,
     export_values,
@@ -164,6 +166,30 @@ def test_common_env_runs_where_python_hostlist_is_not_installed(tmp_path):
     info = json.loads(proc.stdout)
     assert (info["rank"], info["world_size"], info["num_nodes"]) == (3, 4, 2)
     assert info["master_addr"] == REMOTE
+
+
+@pytest.mark.skipif(any(map(os.path.exists, GPU_DRIVER_FILES)), reason="a GPU driver is here")
+def test_common_env_counts_no_gpus_without_importing_torch_where_no_driver_is(tmp_path):
+    """Every job script runs `python -m common.env --export` before its srun; on a machine
+    without a GPU driver it answers without torch's import (about 2 s of CPU each time)."""
+    (tmp_path / "torch.py").write_text('raise ImportError("torch imported")\n')
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{ROOT}"
+    for args in (["--export"], []):
+        proc = subprocess.run([sys.executable, "-m", "common.env", *args], env=environ,
+                              capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["backend"] == "gloo"
+
+
+def test_with_a_gpu_driver_file_torch_counts_the_gpus(tmp_path):
+    driver = tmp_path / "nvidiactl"
+    assert _cuda_device_count([str(driver)]) == 0  # no driver: 0 without asking torch
+    driver.touch()
+    import torch
+
+    want = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    assert _cuda_device_count([str(driver)]) == want
 
 
 # --------------------------------------------------------------------------- GPUs per node
