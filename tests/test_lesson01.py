@@ -1,6 +1,9 @@
 """Lesson 01 (hello all_reduce).
 
-CPU smoke: the lesson's Python runs as a single-node gloo world on this machine.
+CPU smoke: the lesson's Python runs as a single-node gloo world on this machine. The runs the
+notebook shows (by_hand.py with each init method, spawn_warmup.py, hello_allreduce.py with 2
+processes, agreeing and with one rank broken) are checked there, line by line, under `make test`
+(lesson.ipynb, cells marked NBVAL_CHECK_OUTPUT); the tests here cover what it does not show.
 Cluster: both job scripts are submitted to the local SLURM cluster and every line checked, and the
 sample output kept in the lesson folder has the same shape as the fresh run.
 """
@@ -85,38 +88,12 @@ def check_allreduce_output(text, world, nodes, hosts=None):
 
 
 @pytest.mark.timeout(TIMEOUT + 30)
-def test_spawn_warmup_replicas_end_identical():
-    proc = run_lesson("spawn_warmup.py", "--nprocs", "2", "--steps", "2")
-    out = proc.stdout
-    assert proc.returncode == 0, out + proc.stderr
-    before = dict(re.findall(r"^rank (\d)/2: weights before DDP (\S+)$", out, re.M))
-    after = dict(re.findall(r"^rank (\d)/2: weights after DDP +(\S+)$", out, re.M))
-    assert set(before) == set(after) == {"0", "1"}, out
-    assert before["0"] != before["1"], out  # seeded differently on purpose...
-    assert after["0"] == after["1"] == before["0"], out  # ...DDP broadcast rank 0's weights
-    steps = re.findall(r"^rank (\d)/2: step (\d) local loss \d+\.\d+$", out, re.M)
-    assert sorted(steps) == [("0", "0"), ("0", "1"), ("1", "0"), ("1", "1")], out
-    assert "weights after 2 steps on 2 ranks: identical on every rank" in out, out
-
-
-@pytest.mark.timeout(TIMEOUT + 30)
-@pytest.mark.parametrize("nprocs", [1, 2])
-def test_hello_allreduce_single_node(nprocs):
-    proc = run_lesson("hello_allreduce.py", "--nprocs", str(nprocs))
+def test_hello_allreduce_alone_is_a_world_of_one():
+    proc = run_lesson("hello_allreduce.py", "--nprocs", "1")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    world = check_allreduce_output(proc.stdout, world=nprocs, nodes=1,
-                                   hosts=[socket.gethostname()])
-    assert world["launcher"] == ("single" if nprocs == 1 else "mp.spawn")
+    world = check_allreduce_output(proc.stdout, world=1, nodes=1, hosts=[socket.gethostname()])
+    assert world["launcher"] == "single"
     assert world["backend"] == "gloo" and world["addr"] == "127.0.0.1"
-
-
-@pytest.mark.timeout(TIMEOUT + 30)
-def test_hello_allreduce_fails_when_one_rank_disagrees():
-    proc = run_lesson("hello_allreduce.py", "--nprocs", "2", "--break-rank", "1")
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    verdicts = {r["rank"]: r["verdict"] for r in rank_lines(proc.stdout)}
-    assert verdicts == {"0": "OK", "1": "WRONG"}, proc.stdout
-    assert "FAILED: 1 of 2 ranks hold a wrong sum" in proc.stdout
 
 
 @pytest.mark.timeout(60)
@@ -214,23 +191,6 @@ BY_HAND_LINE = re.compile(
 )
 
 
-def fake_srun(nodes, per_node, *args, port):
-    """Start by_hand.py once per task with the variables srun would give it, on this host."""
-    procs = []
-    for node in range(nodes):
-        for local in range(per_node):
-            task = dict(SLURM_NODEID=str(node), SLURM_LOCALID=str(local),
-                        SLURM_PROCID=str(node * per_node + local),
-                        SLURM_NTASKS=str(nodes * per_node), SLURM_NNODES=str(nodes),
-                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))  # fmt: skip
-            procs.append(subprocess.Popen(
-                [sys.executable, str(LESSON / "by_hand.py"), "--timeout", "30", *args],
-                cwd=ROOT, env=clean_environ(**task), stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE, text=True))  # fmt: skip
-    outs = [p.communicate(timeout=TIMEOUT) for p in procs]
-    return [p.returncode for p in procs], "".join(o for o, _ in outs), "".join(e for _, e in outs)
-
-
 def check_by_hand(text, world, init_prefix):
     lines = [m.groupdict() for m in map(BY_HAND_LINE.match, text.splitlines()) if m]
     assert sorted(int(r["rank"]) for r in lines) == list(range(world)), text
@@ -242,21 +202,6 @@ def check_by_hand(text, world, init_prefix):
     assert len(heads) == 1 and heads[0][0].startswith(init_prefix), text
     assert int(heads[0][1]) == world, text
     return lines
-
-
-@pytest.mark.timeout(TIMEOUT + 30)
-@pytest.mark.parametrize("method", ["env", "tcp", "file"])
-def test_by_hand_every_init_method_on_this_machine(method, tmp_path):
-    """Two processes given the variables srun would give them: the script alone does the rest."""
-    with socket.socket() as sock:  # a port free right now, for rank 0's store
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    dist_file = tmp_path / "rendezvous"
-    codes, out, err = fake_srun(1, 2, "--init", method, "--dist-file", dist_file,
-                                port=port)  # fmt: skip
-    assert codes == [0, 0], out + err
-    prefix = {"env": "env://", "tcp": "tcp://127.0.0.1:", "file": f"file://{dist_file}"}[method]
-    check_by_hand(out, 2, prefix)
 
 
 @pytest.mark.timeout(60)

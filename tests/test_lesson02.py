@@ -1,7 +1,8 @@
 """Lesson 02 (torch.distributed.launch vs torchrun vs srun).
 
-CPU smoke: hello.py alone, under torch.distributed.launch, under torchrun, as srun-style tasks,
-and through the per-node helper script, all as single-node gloo worlds on this machine.
+CPU smoke: hello.py alone, as srun-style tasks and through the per-node helper script, as
+single-node gloo worlds on this machine (hello.py under torchrun and torch.distributed.launch is
+the notebook's run, checked line by line there under `make test`: lesson.ipynb, NBVAL_CHECK_OUTPUT).
 Cluster: every job script is submitted to the local SLURM cluster and its output checked; the
 pitfall job fails with common/'s double-spawn message; the sample outputs kept in the lesson
 folder have the same shape as a fresh run.
@@ -75,21 +76,6 @@ def check_hellos(text, world, addr=None, hosts=None, per_node=None):
 def test_hello_alone_is_process_0_of_1():
     check_hellos(run([sys.executable, HELLO]), world=1, addr="127.0.0.1",
                  hosts=[socket.gethostname()], per_node=1)
-
-
-@pytest.mark.timeout(TIMEOUT + 30)
-def test_hello_under_torch_distributed_launch():
-    port = find_free_port()
-    out = run([sys.executable, "-m", "torch.distributed.launch", "--nproc_per_node", "2",
-               "--master_port", str(port), HELLO])
-    lines = check_hellos(out, world=2, addr="127.0.0.1", hosts=[socket.gethostname()], per_node=2)
-    assert lines[0]["port"] == str(port)
-
-
-@pytest.mark.timeout(TIMEOUT + 30)
-def test_hello_under_torchrun_standalone():
-    out = run([str(BIN / "torchrun"), "--standalone", "--nproc_per_node", "2", HELLO])
-    check_hellos(out, world=2, hosts=[socket.gethostname()], per_node=2)
 
 
 @pytest.mark.timeout(TIMEOUT + 30)
