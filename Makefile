@@ -41,8 +41,13 @@ data: venv
 
 NODES ?= 2
 GPUS ?= 2
+# Already up in this shape: nothing to do. Otherwise (re)start it holding the lock that every
+# job submission on this machine holds (tests/conftest.py, cluster/README.md), so that a restart
+# never cuts short somebody else's running job.
+LOCK := /tmp/course-cluster.lock
 cluster-up:
-	bash cluster/up.sh --nodes $(NODES) --gpus-per-node $(GPUS)
+	bash cluster/up.sh --check --nodes $(NODES) --gpus-per-node $(GPUS) 2>/dev/null || \
+	    flock $(LOCK) bash cluster/up.sh --nodes $(NODES) --gpus-per-node $(GPUS)
 
 cluster-down:
 	bash cluster/down.sh

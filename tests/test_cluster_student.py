@@ -97,13 +97,18 @@ def test_student_runs_lesson03_from_own_copy(cluster_lock, course_copy):
 
 
 @pytest.mark.timeout(300)
-def test_student_runs_lesson01_and_cannot_touch_root_files(cluster_lock, course_copy):
+def test_student_runs_lesson00_and_cannot_touch_root_files(cluster_lock, course_copy):
     job, state, code, record, out = submit_as_student(
-        cluster_lock, course_copy, "lessons/01_hello_allreduce/job.sh"
+        cluster_lock, course_copy, "lessons/00_slurm_basics/anatomy.sh"
     )
     text = out.read_text()
     assert (state, code) == ("COMPLETED", 0), text
     assert record["UserId"].startswith(f"{USER}("), record
+    # Step 3 wrote one file per task (srun --output) into the student's copy, as the student.
+    logs = sorted((course_copy / "runs" / f"anatomy-{job}").glob("*.out"))
+    assert [p.name for p in logs] == ["node1-0.out", "node1-1.out", "node2-2.out",
+                                      "node2-3.out"], text  # fmt: skip
+    assert {p.stat().st_uid for p in logs} == {pwd.getpwnam(USER).pw_uid}
     # The student's tasks are not root: the checkout's own files stay out of reach.
     probe = ROOT / ".student-write-probe"
     with cluster_lock():
