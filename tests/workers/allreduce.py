@@ -9,16 +9,19 @@ import json
 import os
 import sys
 
-import torch
-import torch.multiprocessing as mp
-
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from common.dist import cleanup, init_distributed, print0  # noqa: E402
 from common.env import resolve_launch_env  # noqa: E402
+
+# torch (and common.dist, which needs it) is imported where it is used, after the layout has
+# been checked: a refusal (say, a double spawn) then costs no torch import (~2 s of CPU).
 
 
 def work(env):
+    import torch
+
+    from common.dist import cleanup, init_distributed, print0
+
     ctx = init_distributed(env)  # timeout from COURSE_DIST_TIMEOUT
     try:
         print0(f"print0 from rank {ctx.env.rank}")
@@ -49,6 +52,8 @@ def main():
         # Check the layout here first: a refusal (say, a double spawn) then costs one process,
         # not a spawned child per GPU, each importing torch only to fail the same way.
         resolve_launch_env(spawn_index=0, spawn_nprocs=args.spawn)
+        import torch.multiprocessing as mp
+
         mp.spawn(spawned, args=(args.spawn,), nprocs=args.spawn, join=True)
     else:
         work(resolve_launch_env())
