@@ -227,8 +227,11 @@ def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
         return out.read_text() if out.exists() else ""
 
     with cluster_lock():
-        job = slurm("sbatch", "--parsable", f"--output={out}", f"--export=ALL,CHECKPOINT={ckpt}",
-                    LESSON / "requeue.sh", "1", *SMALL)  # fmt: skip
+        # One node of two ranks: the urgent job needs every GPU of both nodes, so it preempts
+        # this job all the same (the sample outputs show the script's own two nodes).
+        job = slurm("sbatch", "--parsable", "--nodes=1", f"--output={out}",
+                    f"--export=ALL,CHECKPOINT={ckpt}", LESSON / "requeue.sh", "1",
+                    *SMALL)  # fmt: skip
         urgent = None
         try:
             # 1. The time-limit warning, sent now: what --signal=B:USR1@120 sends before the end.
