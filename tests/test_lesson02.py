@@ -25,7 +25,6 @@ from common.env import find_free_port  # noqa: E402
 
 LESSON = ROOT / "lessons" / "02_launch_vs_srun"
 HELLO = str(LESSON / "hello.py")
-BIN = Path(sys.executable).parent
 TIMEOUT = 120  # seconds for one local run; the rendezvous is bounded by COURSE_DIST_TIMEOUT
 
 HELLO_LINE = re.compile(

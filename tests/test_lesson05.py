@@ -216,7 +216,7 @@ def release_after_requeue(job_id, restarts):
                    capture_output=True, timeout=30, env=job_environ())  # fmt: skip
 
 
-# 110 steps: the two stops come at about steps 30 and 60, and the last run does the rest.
+# 110 steps: the two stops come at about steps 30 and 50-60, and the last run does the rest.
 SMALL = ["--train-subset", "14000", "--test-subset", "2000", "--log-every", "20"]
 
 
