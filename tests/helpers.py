@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -22,6 +23,41 @@ def clean_environ(**extra: str) -> dict[str, str]:
     environ["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{environ.get('PATH', '')}"
     environ.update(extra)
     return environ
+
+
+def start_ranks(nprocs: int, args: list[str], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                **extra: str) -> list[subprocess.Popen]:
+    """Start NPROCS copies of ARGS as the ranks of one world on this machine, the way srun
+    starts a step's tasks: one process per rank and no launcher process in between (which
+    would cost one more torch import). Each learns its place from RANK, WORLD_SIZE, ..."""
+    from common.env import find_free_port
+
+    world = {"WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(find_free_port())}  # fmt: skip
+    return [
+        subprocess.Popen(args, cwd=ROOT, stdout=stdout, stderr=stderr, text=True,
+                         env=clean_environ(RANK=str(r), LOCAL_RANK=str(r), **world, **extra))
+        for r in range(nprocs)
+    ]  # fmt: skip
+
+
+def run_ranks(nprocs: int, args: list[str], timeout: float, **extra: str):
+    """start_ranks and wait: the ranks' outputs one after another (rank 0 first) and the first
+    non-zero exit status (0 when every rank succeeded), as a CompletedProcess."""
+    procs = start_ranks(nprocs, args, **extra)
+    outs, errs = [], []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=timeout)
+            outs.append(out)
+            errs.append(err)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    status = next((p.returncode for p in procs if p.returncode), 0)
+    return subprocess.CompletedProcess(args, status, "".join(outs), "".join(errs))
 
 
 def sample_output(lesson: Path, job_name: str) -> Path:

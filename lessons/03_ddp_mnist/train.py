@@ -213,19 +213,21 @@ def train(args: argparse.Namespace, ctx) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    rank = None
     try:
         ctx = init_distributed()
-        rank = ctx.env.rank
-        try:
-            train(args, ctx)
-        finally:
-            cleanup()  # destroy the process group, so every rank leaves cleanly
-    except (LaunchError, MnistDataError, CheckpointError) as exc:
-        # Every rank meets the same problem; rank 0 alone says it (all ranks exit with 2).
-        if rank in (None, 0):
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+    except LaunchError as exc:  # no process group, so no rank 0 to leave it to: each says it
+        print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    try:
+        train(args, ctx)
+    except (LaunchError, MnistDataError, CheckpointError) as exc:
+        # Every rank meets the same problem; rank 0 alone says it (all ranks exit with 2). The
+        # others wait until it has: torchrun stops every rank as soon as one of them exits.
+        print0(f"error: {exc}", file=sys.stderr)
+        dist.barrier()
+        return 2
+    finally:
+        cleanup()  # destroy the process group, so every rank leaves cleanly
     return 0
 
 

@@ -245,22 +245,25 @@ def main(argv=None) -> int:
     # Listen before anything else: the default action of both signals ends the process,
     # even while it still waits for the other ranks to start.
     stop = StopRequest()
-    rank = None
     try:
         ctx = init_distributed()
-        rank = ctx.env.rank
+    except LaunchError as exc:  # no process group, so no rank 0 to leave it to: each says it
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+    try:
         if ctx.device.type == "cuda":
             # On the CPU the kernels used here already give the same bits every run; asking
             # anyway would cost every process seconds (torch loads its compiler package).
             make_deterministic()
-        try:
-            return train(args, ctx, stop)
-        finally:
-            cleanup()
+        return train(args, ctx, stop)
     except (LaunchError, MnistDataError, CheckpointError) as exc:
-        if rank in (None, 0):  # every rank meets the same problem; rank 0 says it
-            print(f"error: {exc}", file=sys.stderr, flush=True)
+        # Every rank meets the same problem; rank 0 says it, and the others wait until it has
+        # (torchrun stops every rank as soon as one of them exits).
+        print0(f"error: {exc}", file=sys.stderr)
+        dist.barrier()
         return 2
+    finally:
+        cleanup()
 
 
 if __name__ == "__main__":
