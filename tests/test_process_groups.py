@@ -25,8 +25,6 @@ BIN = Path(sys.executable).parent
 TIMEOUT = 60  # seconds for a whole run; the rendezvous itself is bounded by COURSE_DIST_TIMEOUT
 
 
-
-
 def results(stdout):
     return sorted(
         (json.loads(line) for line in stdout.splitlines() if line.startswith("{")),
