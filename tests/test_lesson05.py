@@ -239,13 +239,14 @@ def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_pat
     out = tmp_path / "chain.out"
     env = f"--export=ALL,EPOCHS=3,CHAIN=test,CHECKPOINT={tmp_path}/chain.pt"
     # What is checked is the chain (one link at a time, afterany, each resuming the last), not
-    # the size of a link: one node each (the sample output shows the script's two).
-    size = "--nodes=1"
-    args = ["--train-subset", "4096", "--test-subset", "1000", "--log-every", "1000"]
+    # the size of a link: one rank on one node each (the sample output shows the script's two
+    # nodes of two ranks).
+    size = ["--nodes=1", "--ntasks-per-node=1"]
+    args = ["--train-subset", "1024", "--test-subset", "500", "--log-every", "1000"]
     with cluster_lock():
-        array = slurm("sbatch", "--parsable", "--array=1-2%1", size, f"--output={out}", env,
+        array = slurm("sbatch", "--parsable", "--array=1-2%1", *size, f"--output={out}", env,
                       LESSON / "chain.sh", *args)  # fmt: skip
-        last = slurm("sbatch", "--parsable", "--array=3", size, f"--dependency=afterany:{array}",
+        last = slurm("sbatch", "--parsable", "--array=3", *size, f"--dependency=afterany:{array}",
                      f"--output={out}", env, LESSON / "chain.sh", *args)  # fmt: skip
         try:
             state, code, _ = wait_job(f"{last}_3", timeout=240)
