@@ -22,7 +22,6 @@ import argparse
 import collections
 import os
 import re
-import shlex
 import statistics
 import subprocess
 import sys
@@ -33,22 +32,24 @@ ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = 600
 
 
-def make_test_command() -> list[str]:
-    """The pytest command of the Makefile's `test` target, as `make -n` prints it."""
+def make_test_command() -> str:
+    """The pytest command line of the Makefile's `test` target, as `make -n` prints it."""
     out = subprocess.run(["make", "-n", "-o", "setup", "test"], cwd=ROOT, capture_output=True,
                          text=True, check=True).stdout  # fmt: skip
     line = next((x for x in out.splitlines() if "pytest" in x), None)
     if line is None:
         sys.exit("budget.py: no pytest command in `make -n test`: is this the course's Makefile?")
-    return shlex.split(line)
+    return line.strip()
 
 
-def machine_cpu_s() -> float:
-    """CPU seconds every core has spent busy since boot (user, nice, system, irq, softirq)."""
+def machine_cpu_s() -> tuple[float, float]:
+    """CPU seconds all cores have spent busy since boot (user, nice, system, irq, softirq), and
+    the seconds a virtual machine's hypervisor gave its cores to others (steal): the second
+    makes two runs of the same tree differ."""
     with open("/proc/stat") as f:
         fields = f.readline().split()
     ticks = sum(int(fields[i]) for i in (1, 2, 3, 6, 7))
-    return ticks / os.sysconf("SC_CLK_TCK")
+    return ticks / os.sysconf("SC_CLK_TCK"), int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
 def import_torch_cpu_s(rounds: int = 3) -> float:
@@ -80,7 +81,8 @@ def lanes(log: str) -> dict[str, dict[str, float]]:
     return per
 
 
-def report(log: str, wall: float | None, cpu: float | None, cores: int, top: int) -> None:
+def report(log: str, wall: float | None, cpu: float | None, steal: float | None, cores: int,
+           top: int) -> None:  # fmt: skip
     summary = re.findall(r"^=+ (.*(?:passed|failed|error).*) in [\d.]+s", log, re.M)
     print(f"result: {summary[-1] if summary else 'no pytest summary in the log'}")
     if wall is not None and cpu is not None:
@@ -88,6 +90,7 @@ def report(log: str, wall: float | None, cpu: float | None, cores: int, top: int
         print(f"CPU, whole machine: {cpu:.0f} s on {cores} cores, "
               f"{cpu / wall:.2f} cores busy on average")  # fmt: skip
         print(f"CPU floor (CPU / cores): {cpu / cores:.0f} s")
+        print(f"CPU taken by the hypervisor (steal): {steal:.0f} s")
     for lane, tests in lanes(log).items():
         print(f"{lane} lane: {sum(tests.values()):.0f} s of test time, {len(tests)} tests; "
               "slowest:")  # fmt: skip
@@ -104,7 +107,7 @@ def main() -> int:
     if args.log:
         if not args.log.is_file():
             sys.exit(f"budget.py: --log {args.log}: no such file")
-        report(args.log.read_text(errors="replace"), None, None, cores, args.top)
+        report(args.log.read_text(errors="replace"), None, None, None, cores, args.top)
         return 0
 
     check = subprocess.run(["bash", "cluster/up.sh", "--check"], cwd=ROOT, capture_output=True)
@@ -112,15 +115,17 @@ def main() -> int:
         sys.exit("budget.py: the local cluster is not up: run `make cluster-up` first, so that "
                  "its start is not counted")  # fmt: skip
     torch_s = import_torch_cpu_s()
-    cmd = make_test_command() + ["--durations=0"]
+    cmd = make_test_command() + " --durations=0"
     log_path = ROOT / "runs" / f"budget-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(exist_ok=True)
-    print(f"$ {shlex.join(cmd)}  (log: {log_path.relative_to(ROOT)})", flush=True)
-    cpu0, t0 = machine_cpu_s(), time.monotonic()
+    print(f"$ {cmd}  (log: {log_path.relative_to(ROOT)})", flush=True)
+    (cpu0, steal0), t0 = machine_cpu_s(), time.monotonic()
     with open(log_path, "w") as log:
-        rc = subprocess.run(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT).returncode
-    wall, cpu = time.monotonic() - t0, machine_cpu_s() - cpu0
-    report(log_path.read_text(errors="replace"), wall, cpu, cores, args.top)
+        rc = subprocess.run(["bash", "-c", cmd], cwd=ROOT, stdout=log,
+                            stderr=subprocess.STDOUT).returncode  # fmt: skip
+    wall, (cpu1, steal1) = time.monotonic() - t0, machine_cpu_s()
+    report(log_path.read_text(errors="replace"), wall, cpu1 - cpu0, steal1 - steal0, cores,
+           args.top)  # fmt: skip
     print(f"import torch: {torch_s:.2f} CPU-s per process on this machine")
     return rc
 
