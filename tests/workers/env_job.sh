@@ -1,5 +1,6 @@
 #!/bin/bash
-# Where does common.env put each process of a 2-node x 2-task job, started each way?
+# Where does common.env put the processes of a 2-node x 2-task job: the batch script, the srun
+# tasks, and a double spawn it must refuse?
 # Submitted by tests/test_env_on_cluster.py:  sbatch tests/workers/env_job.sh
 #SBATCH --job-name=common-env
 #SBATCH --nodes=2
