@@ -4,13 +4,13 @@ Flag checks run without daemons. Everything else runs on the cluster; the tests 
 reshape it hold the shared cluster lock and always leave it up in the default shape.
 """
 
+import fcntl
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -87,15 +87,13 @@ def test_up_rejects_bad_flags_with_the_flag_named(args, message):
 def test_a_second_up_waits_for_the_first_then_refuses_clearly():
     lock = Path(f"{CLUSTER_ROOT}.lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
-    # Someone else's up.sh holds the cluster's lock for longer than this one may wait.
-    holder = subprocess.Popen(["flock", str(lock), "sleep", "30"])
-    try:
-        time.sleep(0.3)
+    # Someone else's up.sh holds the cluster's lock for longer than this one may wait. (Held
+    # here, not by `flock FILE sleep 30`: killing flock would leave its sleep holding the lock,
+    # and every up.sh of the next 30 s, the cluster tests' among them, would wait for it.)
+    with open(lock, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
         proc = run("bash", UP, "--check", timeout=30, env={**os.environ,
                    "COURSE_CLUSTER_LOCK_WAIT_S": "1"})  # fmt: skip
-    finally:
-        holder.kill()
-        holder.wait()
     assert proc.returncode == 1, proc.stderr
     assert "another cluster/up.sh or down.sh is running; waiting" in proc.stderr, proc.stderr
     assert "still holds /var/lib/course-cluster.lock after 1 s" in proc.stderr, proc.stderr
