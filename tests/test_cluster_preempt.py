@@ -2,6 +2,7 @@
 in the default partition ``local``, which gets SIGTERM, has GraceTime, is requeued and runs again.
 """
 
+import contextlib
 import re
 import subprocess
 import time
@@ -59,12 +60,29 @@ def test_partitions_local_default_and_urgent(cluster):
     assert slurm("scontrol", "show", "config").count("preempt/partition_prio") == 1
 
 
+# The victim waits out the whole GraceTime before Slurm kills and requeues it: this test uses a
+# shorter one than the cluster's 30 s, so as not to sit idle (saving takes a second).
+GRACE_S = 6
+
+
+@contextlib.contextmanager
+def short_grace_time(partition, seconds):
+    """The partition's GraceTime set to ``seconds`` for a while (hold the cluster lock)."""
+    text = slurm("scontrol", "show", "partition", partition, "-o")
+    before = re.search(r"\bGraceTime=(\d+)", text)[1]
+    slurm("scontrol", "update", f"PartitionName={partition}", f"GraceTime={seconds}")
+    try:
+        yield
+    finally:
+        slurm("scontrol", "update", f"PartitionName={partition}", f"GraceTime={before}")
+
+
 @pytest.mark.timeout(420)
 def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp_path):
     script = tmp_path / "victim.sh"
     script.write_text(VICTIM)
     out = tmp_path / "victim.out"
-    with cluster_lock():
+    with cluster_lock(), short_grace_time("local", GRACE_S):
         victim = slurm("sbatch", "--parsable", f"--output={out}", script).split(";")[0].strip()
         urgent = None
         try:
