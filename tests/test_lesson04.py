@@ -5,9 +5,10 @@ checked line by line there under `make test` (lesson.ipynb, NBVAL_CHECK_OUTPUT).
 Shell: env.sh finds enroot's data path the way enroot does; torchrun.sh refuses to start
 without the values the job script hands it.
 Cluster: the static, elastic (c10d) and --standalone job scripts run on the local SLURM cluster
-(on the host: the cluster has no enroot); the container branch is checked in its print-only mode
-(ENROOT_DRY_RUN=1) with an `enroot` on PATH that must never be executed; the sample outputs kept
-in the lesson folder have the shape a fresh run has.
+(on the host: the cluster has no enroot; the static one as written, 2 nodes x 2 workers, the
+other two with one GPU, so one worker, per node); the container branch is checked in its
+print-only mode (ENROOT_DRY_RUN=1) with an `enroot` on PATH that must never be executed; the
+sample outputs kept in the lesson folder have the shape a fresh run has.
 """
 
 import os
@@ -204,19 +205,19 @@ def check_per_node_logs(log_root, job_id, hosts, per_node):
 
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_rdzv_job(sbatch_wait, cluster, tmp_path):
-    job = sbatch_wait("lessons/04_torchrun_enroot/run_rdzv.sh", env=job_env(tmp_path),
-                      timeout=JOB_TIMEOUT)  # fmt: skip
+    # One GPU, so one worker, per node: what the rendezvous decides is the node ranks (the
+    # static job above checks several workers per node).
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_rdzv.sh", "--gres=gpu:1",
+                      env=job_env(tmp_path), timeout=JOB_TIMEOUT)  # fmt: skip
     assert job.returncode == 0, job.output + job.stderr
     head = JOB_LINE.match(job.output.splitlines()[0])
-    assert head and head[2] == "rdzv", job.output
+    assert head and head[2] == "rdzv" and head[4] == "1", job.output
     assert f"--rdzv-backend c10d --rdzv-endpoint {cluster['nodes'][0]}:" in job.output
     assert f"--rdzv-id lesson04-{job.job_id} " in job.output
     assert "--node-rank" not in job.output  # the rendezvous hands out node ranks
-    check_training(job.output, len(cluster["nodes"]), cluster["gpus_per_node"],
-                   hosts=cluster["nodes"])  # fmt: skip
+    check_training(job.output, len(cluster["nodes"]), 1, hosts=cluster["nodes"])
     check_host_fallback(job.output, cluster["nodes"])
-    check_per_node_logs(tmp_path / "logs", job.job_id, cluster["nodes"],
-                        cluster["gpus_per_node"])  # fmt: skip
+    check_per_node_logs(tmp_path / "logs", job.job_id, cluster["nodes"], 1)
 
 
 def check_standalone(text, hosts):
@@ -244,8 +245,9 @@ def check_standalone(text, hosts):
 def test_standalone_on_two_nodes(sbatch_wait, cluster, tmp_path):
     # Step 1 waits at a rendezvous nobody else joins: it ends the same way after any timeout
     # (the script's 15 s leave a student time to watch it wait).
+    # One GPU per node is enough to show both steps fail (one worker per node to refuse).
     env = job_env(tmp_path, TORCHRUN_RDZV_TIMEOUT="5")
-    job = sbatch_wait("lessons/04_torchrun_enroot/run_standalone.sh", env=env,
+    job = sbatch_wait("lessons/04_torchrun_enroot/run_standalone.sh", "--gres=gpu:1", env=env,
                       timeout=JOB_TIMEOUT)  # fmt: skip
     assert job.returncode == 0, job.output + job.stderr
     check_standalone(job.output, cluster["nodes"])
