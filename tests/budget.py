@@ -11,7 +11,9 @@ cluster already up, and prints:
 * each lane's test time (the cluster tests run one after another on one pytest-xdist worker,
   everything else on the other, see tests/conftest.py) and its slowest tests;
 * what one `import torch` costs on this machine, since most of the suite's CPU time is
-  processes that start torch (every rank of every job and local run starts its own).
+  processes that start torch (every rank of every job and local run starts its own), and what
+  one DDP rank costs with and without the heap freeze of common.dist.cleanup() (the collector's
+  last pass at exit).
 
 The course's budget is 10 minutes for `make test` on 2 cores.
 """
@@ -52,16 +54,41 @@ def machine_cpu_s() -> tuple[float, float]:
     return ticks / os.sysconf("SC_CLK_TCK"), int(fields[8]) / os.sysconf("SC_CLK_TCK")
 
 
-def import_torch_cpu_s(rounds: int = 3) -> float:
-    """Median CPU seconds of `python -c "import torch"` (user + system, the child's own)."""
+def child_cpu_s(code: str, *args: str, rounds: int = 3, env: dict[str, str] | None = None) -> float:
+    """Median CPU seconds of `python -c CODE ARGS` (user + system, the child's own, exit
+    included)."""
     costs = []
     for _ in range(rounds):
         before = os.times()
-        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        subprocess.run([sys.executable, "-c", code, *args], check=True, cwd=ROOT, env=env)
         after = os.times()
         costs.append((after.children_user - before.children_user)
                      + (after.children_system - before.children_system))  # fmt: skip
     return statistics.median(costs)
+
+
+# One rank of a world of one with DDP (which imports torch._dynamo), then common.dist.cleanup(),
+# which freezes what is alive before the process exits; or the same without the freeze.
+DDP_RANK = """
+import gc, sys, torch
+from common import dist as cdist
+ctx = cdist.init_distributed()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+model(torch.ones(2, 4)).sum().backward()
+if sys.argv[1:] == ["no-freeze"]:
+    gc.freeze = lambda: None
+cdist.cleanup()
+"""
+
+
+def exit_costs() -> tuple[float, float]:
+    """CPU seconds of one DDP rank as the lessons run it, and without cleanup()'s freeze."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    frozen = child_cpu_s(DDP_RANK, rounds=5, env=env)
+    plain = child_cpu_s(DDP_RANK, "no-freeze", rounds=5, env=env)
+    return frozen, plain
 
 
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(.+)$")
@@ -114,7 +141,8 @@ def main() -> int:
     if check.returncode != 0:
         sys.exit("budget.py: the local cluster is not up: run `make cluster-up` first, so that "
                  "its start is not counted")  # fmt: skip
-    torch_s = import_torch_cpu_s()
+    torch_s = child_cpu_s("import torch")
+    frozen_s, plain_s = exit_costs()
     cmd = make_test_command() + " --durations=0"
     log_path = ROOT / "runs" / f"budget-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(exist_ok=True)
@@ -127,6 +155,8 @@ def main() -> int:
     report(log_path.read_text(errors="replace"), wall, cpu1 - cpu0, steal1 - steal0, cores,
            args.top)  # fmt: skip
     print(f"import torch: {torch_s:.2f} CPU-s per process on this machine")
+    print(f"one DDP rank (world of one), exit included: {frozen_s:.2f} CPU-s as the lessons end "
+          f"it (common.dist.cleanup freezes the heap), {plain_s:.2f} without the freeze")
     return rc
 
 
