@@ -81,14 +81,18 @@ cdist.cleanup()
 """
 
 
-def exit_costs() -> tuple[float, float]:
-    """CPU seconds of one DDP rank as the lessons run it, and without cleanup()'s freeze."""
+def exit_costs(rounds: int = 8) -> tuple[float, float]:
+    """Median CPU seconds of one DDP rank as the lessons run it, and without cleanup()'s
+    freeze. The two alternate, so that a busy spell of the machine weighs on both alike (one
+    process varies by a second here)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    frozen = child_cpu_s(DDP_RANK, rounds=5, env=env)
-    plain = child_cpu_s(DDP_RANK, "no-freeze", rounds=5, env=env)
-    return frozen, plain
+    frozen, plain = [], []
+    for _ in range(rounds):
+        frozen.append(child_cpu_s(DDP_RANK, rounds=1, env=env))
+        plain.append(child_cpu_s(DDP_RANK, "no-freeze", rounds=1, env=env))
+    return statistics.median(frozen), statistics.median(plain)
 
 
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(.+)$")
@@ -155,8 +159,9 @@ def main() -> int:
     report(log_path.read_text(errors="replace"), wall, cpu1 - cpu0, steal1 - steal0, cores,
            args.top)  # fmt: skip
     print(f"import torch: {torch_s:.2f} CPU-s per process on this machine")
-    print(f"one DDP rank (world of one), exit included: {frozen_s:.2f} CPU-s as the lessons end "
-          f"it (common.dist.cleanup freezes the heap), {plain_s:.2f} without the freeze")
+    print(f"one DDP rank (world of one), exit included, median of 8: {frozen_s:.2f} CPU-s as the "
+          f"lessons end it (common.dist.cleanup freezes the heap), {plain_s:.2f} without the "
+          "freeze")
     return rc
 
 
