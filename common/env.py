@@ -27,6 +27,7 @@ Run ``python -m common.env`` (e.g. ``srun python -m common.env``) to see what ev
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import ipaddress
 import json
@@ -686,23 +687,186 @@ def check_port_free(port: int) -> None:
 def cuda_device_index(
     env: LaunchEnv, visible_gpus: int, environ: Mapping[str, str] | None = None
 ) -> int:
-    """Which of the visible GPUs this process drives: normally cuda:<local_rank>.
+    """Which of the GPUs this process sees it drives (the ``N`` of ``cuda:N``).
 
-    When SLURM binds one GPU to each task (``--gpus-per-task=1``), every task sees a single
-    device, cuda:0, while SLURM_GPUS_ON_NODE still counts all GPUs of the node.  Fewer visible
-    GPUs than local ranks otherwise means two processes would share a GPU: refuse.
+    - Every task sees all the GPUs SLURM gave the node (``--gres=gpu:4``, ``--gpus-per-node``;
+      torchrun's workers): local rank N drives cuda:N.
+    - Each task sees a set of its own, fewer than the node has (``--gpus-per-task``,
+      ``--gpu-bind=closest`` or a site default in SLURM_GPU_BIND): the local ranks that share a
+      set take its devices in turn, ``local_rank % visible``. With ``closest``, 8 tasks on 8
+      GPUs in two NUMA domains, local rank 5 sees ``4,5,6,7`` and drives its index 1 (Slurm
+      hands out tasks in block order unless ``--distribution`` says otherwise).
+    - ``--gpu-bind=map_gpu:0,0`` (SLURM_GPU_BIND) gives two tasks one GPU; fewer visible GPUs
+      than processes with no binding would also put two ranks on one GPU: LaunchError, before
+      NCCL stops with "Duplicate GPU detected".
     """
     environ = os.environ if environ is None else environ
+    _check_gpu_map(environ, env.local_world_size)
+    on_node = gpus_on_node(environ)
     if visible_gpus >= env.local_world_size:
         return env.local_rank
-    on_node = gpus_on_node(environ)
-    if visible_gpus == 1 and on_node >= env.local_world_size:
-        return 0
+    if 1 <= visible_gpus < on_node and on_node >= env.local_world_size:
+        return env.local_rank % visible_gpus
     raise LaunchError(
         f"{env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only "
         f"{visible_gpus} visible GPUs (CUDA_VISIBLE_DEVICES="
-        f"{environ.get('CUDA_VISIBLE_DEVICES')!r}); start one process per GPU "
-        f"(--nproc-per-node / --ntasks-per-node) or ask for more GPUs (--gpus-per-node)."
+        f"{environ.get('CUDA_VISIBLE_DEVICES')!r}, SLURM_GPUS_ON_NODE="
+        f"{environ.get('SLURM_GPUS_ON_NODE')!r}): two ranks would share a GPU. Start one "
+        f"process per GPU (--ntasks-per-node / --nproc-per-node) or ask for more GPUs "
+        f"(--gpus-per-node)."
+    )
+
+
+def _check_gpu_map(environ: Mapping[str, str], local_world_size: int) -> None:
+    """``--gpu-bind=map_gpu:0,0`` (srun reads it from SLURM_GPU_BIND too) binds local task i to
+    the i-th GPU of the list: the same GPU twice among this node's tasks is two ranks on one."""
+    bind = environ.get("SLURM_GPU_BIND", "")
+    if "map_gpu:" not in bind:
+        return
+    gpus = bind.rpartition("map_gpu:")[2]
+    listed = []
+    for item in gpus.split(",")[: max(1, local_world_size)]:
+        name, _, repeat = item.partition("*")  # map_gpu:0*2,1 repeats GPU 0 twice
+        listed += [name] * (int(repeat) if repeat.isdigit() else 1)
+    listed = listed[:local_world_size]
+    for i, gpu in enumerate(listed):
+        if gpu in listed[:i]:
+            raise LaunchError(
+                f"SLURM_GPU_BIND={bind!r} binds local tasks {listed.index(gpu)} and {i} to the "
+                f"same GPU {gpu}: NCCL needs one GPU per rank. Give each task its own "
+                f"(--gpus-per-task=1, or a map_gpu list without repeats)."
+            )
+
+
+# The device files through which a GPU is reached: NVIDIA's (CUDA), AMD's kernel driver (ROCm
+# builds answer through torch.cuda too) and WSL2's GPU bridge.
+NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"
+
+
+def check_cuda_usable(environ: Mapping[str, str] | None = None,
+                      nvidia_glob: str = NVIDIA_DEVICE_GLOB) -> None:  # fmt: skip
+    """For a process that found no CUDA device: stop if SLURM gave this node GPUs that exist.
+
+    A CPU-only wheel of torch, or a container started without its GPUs, would otherwise train
+    on the CPU and "succeed", hours later. Where SLURM's GPUs are bookkeeping only (the
+    course's local cluster has no /dev/nvidia*), the process goes on with gloo on the CPU.
+    """
+    import glob
+
+    import torch  # the caller has imported it already
+
+    environ = os.environ if environ is None else environ
+    gpus = gpus_on_node(environ)
+    devices = sorted(glob.glob(nvidia_glob)) if gpus else []
+    if not devices:
+        return
+    if torch.version.cuda is None:
+        why = (
+            f"this is a CPU-only build of torch: install the CUDA build (pip install "
+            f"torch=={torch.__version__.split('+')[0]} --index-url "
+            f"https://download.pytorch.org/whl/cu<version>, see README.md)."
+        )
+    else:
+        why = (
+            "inside a container, start it with its GPUs (apptainer --nv, enroot/pyxis with the "
+            "NVIDIA hook); otherwise the driver is older than this CUDA build needs (nvidia-smi "
+            "shows the driver's CUDA version): install a torch built for it."
+        )
+    raise LaunchError(
+        f"SLURM gave this node {gpus} GPU(s) (SLURM_GPUS_ON_NODE) and it has {len(devices)} "
+        f"NVIDIA device(s) ({devices[0]}...), but torch {torch.__version__} sees no CUDA device "
+        f"(torch.version.cuda={torch.version.cuda}): {why}"
+    )
+
+
+# --------------------------------------------------------------------------- threads, timeout
+
+# Launchers that start several worker processes inside one SLURM task: the workers share the
+# task's CPUs (they inherit its affinity mask).
+_WORKER_LAUNCHERS = ("torchrun", "torch.distributed.launch", "mp.spawn")
+
+
+def usable_cpus() -> tuple[int, bool]:
+    """(CPUs this process may run on, whether that set is the whole machine's).
+
+    Linux tells through the affinity mask, which SLURM narrows to the task's own CPUs when it
+    binds tasks (TaskPlugin=task/affinity or task/cgroup); macOS has no affinity call, and
+    there every process may use every CPU.
+    """
+    total = os.cpu_count() or 1
+    affinity = getattr(os, "sched_getaffinity", None)
+    if affinity is None:
+        return total, True
+    mine = len(affinity(0))
+    return mine, mine >= total
+
+
+def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
+                cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
+    """How many threads torch should use in this process: ``torch.set_num_threads(...)``.
+
+    - OMP_NUM_THREADS, when set, wins (torchrun sets it to 1 for its workers unless it is set).
+    - Else this process's share of the CPUs it may run on. SLURM binds each task to its own
+      CPUs where the site binds (task/affinity, task/cgroup); a launcher's workers inherit
+      their task's set and share it; where no binding is done (the set is the whole machine)
+      the node's processes share it. SLURM_CPUS_PER_TASK, what the job asked for, caps it.
+
+    Without this, each process starts one thread per core of the whole machine and the
+    processes of a node fight over the same cores.
+    """
+    environ = os.environ if environ is None else environ
+    hint = "Set it to a whole number of threads, e.g. 4, or unset it."
+    omp = _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint)
+    if omp:
+        return omp
+    mine, whole_machine = usable_cpus() if cpus is None else cpus
+    per_task = env.local_world_size if env.launcher in _WORKER_LAUNCHERS else 1
+    share = mine // (env.local_world_size if whole_machine else per_task)
+    asked = _opt_int_var(environ, "SLURM_CPUS_PER_TASK", minimum=1)
+    if asked:
+        share = min(share, asked // per_task)
+    return max(1, share)
+
+
+DEFAULT_TIMEOUT_S = 600  # torch's own default for NCCL; gloo's is 30 minutes
+TIMEOUT_VAR = "COURSE_DIST_TIMEOUT"
+
+
+def dist_timeout(environ: Mapping[str, str] | None = None) -> datetime.timedelta:
+    """How long a rank waits for the others, at the rendezvous and in every collective:
+    COURSE_DIST_TIMEOUT seconds, else 600 s.
+
+    Ranks legitimately wait for each other (rank 0 writing a checkpoint, a node importing torch
+    from a slow shared filesystem), so the job's normal bound is minutes; the course's failure
+    demos and tests set a few seconds so that a hang ends quickly.
+    """
+    environ = os.environ if environ is None else environ
+    text = environ.get(TIMEOUT_VAR)
+    if text is None:
+        return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise LaunchError(f"{TIMEOUT_VAR}={text!r} is not a positive number of seconds; "
+                          f"set e.g. {TIMEOUT_VAR}=600 or unset it.")  # fmt: skip
+    return datetime.timedelta(seconds=value)
+
+
+def init_error_message(env: LaunchEnv, exc: BaseException) -> str:
+    """One line for a rank whose ``init_process_group`` failed (torch raises DistStoreError
+    when the others do not arrive in time, DistNetworkError when rank 0's address does not
+    answer), in place of torch's traceback."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if "Duplicate GPU detected" in text:
+        return (f"rank {env.rank}: two ranks drive one GPU ({first}); give each task its own "
+                f"GPU (--gpus-per-task=1) or start one process per GPU.")  # fmt: skip
+    return (
+        f"rank {env.rank}: could not join the process group at MASTER_ADDR={env.master_addr} "
+        f"MASTER_PORT={env.master_port} ({first}). Check that all {env.world_size} processes "
+        f"started and can reach that address (a longer wait: {TIMEOUT_VAR}=<seconds>)."
     )
 
 
