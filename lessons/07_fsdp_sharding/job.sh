@@ -1,15 +1,16 @@
 #!/bin/bash
 # Lesson 07: lesson 03's MNIST job with the model sharded by FSDP2 and sharded DCP checkpoints,
-# on 2 nodes x 2 GPUs when both nodes are free; stopped, it requeues itself (lesson 05) and may
-# come back on 1 node x 2 GPUs: the checkpoint written by 4 ranks is loaded by 2.
+# on 2 nodes x 2 GPUs. Stopped, it saves and requeues itself (lesson 05); it may come back on
+# fewer nodes: the checkpoint written by 4 ranks is loaded by 2.
 #
 #   sbatch lessons/07_fsdp_sharding/job.sh            # from the course root: 2 epochs
 #   sbatch lessons/07_fsdp_sharding/job.sh 1 --train-subset 12000   # more arguments: train.py
 #   scancel --signal=USR1 --batch <jobid>             # rehearse the time-limit warning now
+#   scontrol update JobId=<jobid> NumNodes=1 NumTasks=2   # requeued (PENDING): come back smaller
 #   CHECKPOINT_DIR=checkpoints/x sbatch ...           # continue (or start) the run saved in x
 #
 #SBATCH --job-name=fsdp-mnist
-#SBATCH --nodes=1-2                # as many as are free, up to 2: a requeued job need not wait
+#SBATCH --nodes=2
 #SBATCH --ntasks-per-node=2        # one task (= one training process) per GPU
 #SBATCH --gres=gpu:2               # two GPUs per node
 #SBATCH --cpus-per-task=4          # CPU threads for each process
@@ -78,8 +79,9 @@ while [[ -z $status ]]; do
 done
 
 if (( status == 75 )); then
-    # Saved and asked to run again: back to the queue with the same id, script and arguments.
-    # With --nodes=1-2 the next run starts on whatever is free, 1 node or 2.
+    # Saved and asked to run again: back to the queue with the same id, script and arguments,
+    # and (Slurm 22.05) the node and task counts of this run, unless they are updated while the
+    # job waits: the next run may be smaller, train.py reshards the checkpoint.
     echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${signalled:+ (after SIG$signalled)}; it resumes from $CHECKPOINT_DIR"
     scontrol requeue "$SLURM_JOB_ID" || true
     exit 0
