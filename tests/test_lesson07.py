@@ -1,0 +1,287 @@
+"""Lesson 07 (FSDP2 and sharded DCP checkpoints).
+
+CPU (gloo, one process per rank as srun starts them): FSDP2 and DDP take the same 5 AdamW steps
+(parameters and optimizer state equal to the bit); a checkpoint written by 2 ranks continues
+on 3 ranks and on 1 (from a DDP checkpoint) to the same weights; export.py turns it into one
+file that a plain process loads; a checkpoint of another recipe is one line.
+Cluster: job.sh on 2 nodes x 2 is stopped by the time-limit warning, saves, requeues itself,
+is shrunk while it waits and resumes on 1 node x 2 while another job holds node2; memory.sh
+runs its three steps (1, 2, 4 tasks); bad input is refused before srun. The stored sample
+outputs are the ones the README quotes.
+"""
+
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import job_environ, job_record, wait_job
+from helpers import run_ranks
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "lessons" / "07_fsdp_sharding"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(LESSON))
+
+import memory  # noqa: E402  (lessons/07_fsdp_sharding/memory.py)
+
+from common.mnist import parse_log, prepare  # noqa: E402
+
+TIMEOUT = 120
+# A small model and few images: the point is the exchange of shards, not the accuracy. A
+# global batch of 96 splits evenly over 1, 2 and 3 ranks.
+SMALL = ["--width", "64", "--depth", "2", "--batch-size", "96", "--train-subset", "2048",
+         "--test-subset", "500", "--log-every", "100"]  # fmt: skip
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mnist_ready():
+    prepare(log=lambda *_: None)
+
+
+def train(nprocs, *args):
+    return run_ranks(nprocs, [sys.executable, str(LESSON / "train.py"), *SMALL, *args],
+                     timeout=TIMEOUT)  # fmt: skip
+
+
+def full_state(step_dir: Path, tmp: Path) -> dict:
+    """A DCP checkpoint as one dict in this process (model, optimizer, scheduler, progress)."""
+    out = tmp / f"{step_dir.parent.name}-{step_dir.name}.pt"
+    dcp_to_torch_save(step_dir, out)
+    return torch.load(out, map_location="cpu", weights_only=False)
+
+
+@pytest.fixture(scope="module")
+def five_steps(tmp_path_factory):
+    """The same 5 steps on 2 ranks under FSDP2 and under DDP, each saved by DCP."""
+    tmp = tmp_path_factory.mktemp("l07")
+    runs = {}
+    for wrap in ("fsdp", "ddp"):
+        proc = train(2, "--wrap", wrap, "--max-steps", "5", "--checkpoint-dir", str(tmp / wrap))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[wrap] = proc.stdout
+    return tmp, runs
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 30)
+def test_fsdp2_and_ddp_take_the_same_steps(five_steps):
+    tmp, runs = five_steps
+    fsdp = full_state(tmp / "fsdp" / "step-00000005", tmp)
+    ddp = full_state(tmp / "ddp" / "step-00000005", tmp)
+    assert fsdp["model"].keys() == ddp["model"].keys()
+    for name in fsdp["model"]:  # exactly, not approximately: the same arithmetic on CPU
+        assert torch.equal(fsdp["model"][name], ddp["model"][name]), name
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(fsdp["optim"]["state"][name][key],
+                               ddp["optim"]["state"][name][key]), (name, key)  # fmt: skip
+    # What a rank holds: under FSDP2 a DTensor shard, half of each parameter's rows.
+    assert "blocks.0.fc1.weight: DTensor (128, 64) (Shard(dim=0),), rank 0's shard (64, 64)" \
+        in runs["fsdp"], runs["fsdp"]  # fmt: skip
+    held = {w: float(re.search(r"rank 0 holds ([\d.]+) MiB", out).group(1))
+            for w, out in runs.items()}  # fmt: skip
+    assert held["fsdp"] == pytest.approx(held["ddp"] / 2, abs=0.1), held
+    assert "fsdp fp32" in runs["fsdp"] and "ddp fp32" in runs["ddp"]
+    assert "checkpoint step-00000005 saved at epoch 1, step 5 by 2 ranks" in runs["fsdp"]
+
+
+@pytest.mark.timeout(2 * TIMEOUT + 30)
+def test_checkpoint_of_2_ranks_continues_on_3_and_on_1(five_steps):
+    tmp, _ = five_steps
+    # On 3 ranks from the FSDP2 checkpoint; on 1 from the DDP one: DCP keys the state by
+    # parameter name, so the wrapper that wrote it does not matter.
+    shutil.copytree(tmp / "fsdp", tmp / "on3")
+    shutil.copytree(tmp / "ddp", tmp / "on1")
+    on3 = train(3, "--max-steps", "7", "--checkpoint-dir", str(tmp / "on3"))
+    on1 = train(1, "--max-steps", "7", "--checkpoint-dir", str(tmp / "on1"))
+    for proc, n in ((on3, 3), (on1, 1)):
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert re.search(rf"resumed from \S+step-00000005 at epoch 1, step 5: saved by 2 ranks, "
+                         rf"loaded by {n} in [\d.]+ s", proc.stdout), proc.stdout  # fmt: skip
+        assert f"world size {n} (1 node(s) x {n}), global batch 96 = {n} x {96 // n}" \
+            in proc.stdout  # fmt: skip
+    a = full_state(tmp / "on3" / "step-00000007", tmp)
+    b = full_state(tmp / "on1" / "step-00000007", tmp)
+    before = full_state(tmp / "fsdp" / "step-00000005", tmp)
+    assert a["progress"]["world_size"] == 3 and b["progress"]["world_size"] == 1
+    for name in a["model"]:
+        # The same two steps from the same state (only the order of the sums differs), far
+        # from what two steps with a fresh optimizer state or other weights would give.
+        torch.testing.assert_close(a["model"][name], b["model"][name], rtol=1e-5, atol=1e-6)
+        assert not torch.equal(a["model"][name], before["model"][name]), name
+        assert a["optim"]["state"][name]["step"].item() == 7, name  # AdamW's count went on
+
+    # export.py: one plain process, no process group; the file holds the model only.
+    out = tmp / "model.pt"
+    proc = subprocess.run([sys.executable, str(LESSON / "export.py"), str(tmp / "on3"),
+                           "--out", str(out), "--test-subset", "500"],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT,
+                          env=job_environ({"PYTHONPATH": str(ROOT)}))  # fmt: skip
+    assert proc.returncode == 0 and not proc.stderr, proc.stdout + proc.stderr
+    assert "exported step-00000007 (saved by 3 ranks)" in proc.stdout, proc.stdout
+    assert re.search(r"plain process: torch.load\(model.pt\) into Net\(width=64, depth=2\), "
+                     r"test_acc [\d.]+%", proc.stdout), proc.stdout  # fmt: skip
+    exported = torch.load(out, map_location="cpu", weights_only=True)
+    assert exported.keys() == a["model"].keys()
+    for name, tensor in exported.items():
+        assert torch.equal(tensor, a["model"][name]), name
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_checkpoint_of_another_recipe_is_one_line(five_steps):
+    tmp, _ = five_steps
+    shutil.copytree(tmp / "fsdp", tmp / "other")
+    proc = train(1, "--max-steps", "7", "--lr", "0.01", "--checkpoint-dir", str(tmp / "other"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: checkpoint {tmp}/other/step-00000005 is from another run: lr=0.003 (this run: "
+        f"0.01); pass another --checkpoint-dir (CHECKPOINT_DIR) or delete {tmp}/other to start "
+        "afresh"
+    ], proc.stderr
+
+
+def test_export_without_a_checkpoint_is_one_line(tmp_path):
+    proc = subprocess.run([sys.executable, str(LESSON / "export.py"), str(tmp_path)],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT,
+                          env=job_environ({"PYTHONPATH": str(ROOT)}))  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"error: no DCP checkpoint in {tmp_path} (no .metadata there nor in a step-* folder): "
+        "pass the CHECKPOINT_DIR a training run wrote"
+    ], proc.stderr
+
+
+# --------------------------------------------------------------------------- stored outputs
+
+
+def sample(pattern):
+    found = [p for p in LESSON.glob(pattern) if re.fullmatch(r"[a-z-]+-\d+\.out", p.name)]
+    assert len(found) == 1, f"expected one {pattern} in {LESSON}, found {found}"
+    return found[0].read_text()
+
+
+def check_resume(text, stop_step=None):
+    """A job.sh output: 4 ranks on 2 nodes, stopped, requeued, resumed by 2 ranks on 1 node."""
+    first, _, second = text.partition("SLURM_RESTART_COUNT=1")
+    assert second, text
+    assert "2 node(s) x 2 tasks = 4 processes" in first and "world size 4 (2 node(s) x 2)" in first
+    stop = re.search(r"stop \(signal 10\): checkpoint step-(\d+) saved at epoch 1, step (\d+) "
+                     r"by 4 ranks in [\d.]+ s; exiting with 75", first)  # fmt: skip
+    assert stop, text
+    assert "got SIGUSR1" in first and "requeueing job" in first, text
+    assert "1 node(s) x 2 tasks = 2 processes" in second, text
+    assert re.search(rf"resumed from \S+/step-{stop.group(1)} at epoch 1, step {stop.group(2)}: "
+                     r"saved by 4 ranks, loaded by 2 in [\d.]+ s", second), text  # fmt: skip
+    assert "world size 2 (1 node(s) x 2)" in second, text
+    # The loss goes on from where it was, not from an untrained model's ln(10) = 2.3.
+    after = [float(x) for x in re.findall(r"\| loss ([\d.]+) \|", second)]
+    assert after and max(after) < 1.0, after
+    acc = re.search(r"done: test_acc ([\d.]+)% after", second)
+    assert acc, text
+    # The exported file, loaded by a plain process, scores what the training measured.
+    assert f"test_acc {acc.group(1)}%" in second.split("plain process:")[1], text
+    return stop
+
+
+def test_sample_outputs_in_the_lesson_folder():
+    """The captured outputs the README quotes."""
+    check_resume(sample("slurm-*.out"))
+    rows = memory.parse_rows(sample("fsdp-memory-*.out"))
+    by = {(r["world"], r["wrap"], r["precision"]): r for r in rows}
+    assert sorted({r["world"] for r in rows}) == [1, 2, 4] and len(rows) == 9, rows
+    for world in (1, 2, 4):
+        ddp, fsdp, bf16 = by[world, "ddp", "fp32"], by[world, "fsdp", "fp32"], by[world, "fsdp",
+                                                                                   "bf16"]
+        assert ddp["params"] > 100  # MiB: a model for which the figures matter
+        for key in ("params", "grads", "optimizer", "total"):
+            assert fsdp[key] == pytest.approx(ddp[key] / world, rel=0.01), (world, key)
+            assert bf16[key] == fsdp[key], (world, key)  # the sharded master weights stay fp32
+        assert bf16["gathered"] == pytest.approx(fsdp["gathered"] / 2, rel=0.01)
+        assert ddp["optimizer"] == pytest.approx(2 * ddp["params"], rel=0.01)  # AdamW: 2 moments
+
+
+# --------------------------------------------------------------------------- local cluster
+
+
+def slurm(*args, timeout=30):
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env=job_environ())  # fmt: skip
+    assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
+    return proc.stdout.strip().split(";")[0]
+
+
+def wait_for(what, predicate, timeout, poll=0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
+
+
+@pytest.mark.timeout(300)
+def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, tmp_path):
+    out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"
+
+    def log():
+        return out.read_text() if out.exists() else ""
+
+    with cluster_lock():
+        job = slurm("sbatch", "--parsable", f"--output={out}",
+                    f"--export=ALL,CHECKPOINT_DIR={ckpt}", LESSON / "job.sh", "1",
+                    "--train-subset", "3000", "--test-subset", "1000",
+                    "--log-every", "5")  # fmt: skip
+        other = None
+        try:
+            wait_for("a progress line", lambda: "batch 10/" in log(), 120)
+            # Another user's job that wants node2 whole: it starts as soon as ours lets go.
+            other = slurm("sbatch", "--parsable", "--nodelist=node2", "--exclusive",
+                          "--output=/dev/null", "--wrap", "sleep 300")  # fmt: skip
+            # 1. The time-limit warning, sent now (what --signal=B:USR1@120 sends before the end).
+            slurm("scancel", "--signal=USR1", "--batch", job)
+            wait_for("the requeue", lambda: (r := job_record(job)) and
+                     int(r.get("Restarts", 0)) >= 1 and r["JobState"] == "PENDING", 90)  # fmt: skip
+            wait_for("the other job on node2",
+                     lambda: (job_record(other) or {}).get("JobState") == "RUNNING", 60)
+            # 2. Slurm kept the first run's 2 nodes x 2 tasks: shrink the waiting job.
+            assert job_record(job)["NumNodes"] == "2", job_record(job)
+            slurm("scontrol", "update", f"JobId={job}", "NumNodes=1", "NumTasks=2")
+            # Not within the second of the requeue (its job credential was revoked then).
+            time.sleep(2)
+            slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
+            state, code, record = wait_job(job, timeout=180)
+        finally:
+            for j in (job, other):
+                if j:
+                    subprocess.run(["scancel", j], capture_output=True, timeout=30)
+    text = log()
+    assert (state, code) == ("COMPLETED", 0), text
+    assert record.get("NodeList") == "node1", record
+    check_resume(text)
+    assert [r["epoch"] for r in parse_log(text)] == [1], text
+
+
+@pytest.mark.timeout(200)
+def test_memory_job_runs_worlds_of_1_2_and_4(sbatch_wait, tmp_path):
+    result = sbatch_wait(LESSON / "memory.sh", f"--output={tmp_path}/%x-%j.out", "--width", "64",
+                         "--depth", "2", "--steps", "1", timeout=150)  # fmt: skip
+    assert result.returncode == 0, result.output
+    rows = memory.parse_rows(result.output)
+    assert [(r["world"], r["wrap"], r["precision"]) for r in rows] == [
+        (w, wrap, p) for w in (1, 2, 4) for wrap, p in (("ddp", "fp32"), ("fsdp", "fp32"),
+                                                        ("fsdp", "bf16"))
+    ], result.output  # fmt: skip
+    assert "world size 4 (2 node(s) x 2)" in result.output, result.output
+
+
+@pytest.mark.timeout(100)
+def test_job_refuses_bad_input_before_srun(sbatch_wait):
+    result = sbatch_wait(LESSON / "job.sh", "two", timeout=60)
+    lines = result.output.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.output
+    assert lines[0].startswith("error: EPOCHS='two' is not a whole number of epochs >= 1")
