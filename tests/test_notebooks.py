@@ -44,6 +44,7 @@ def test_every_lesson_is_there():
         "04_torchrun_enroot",
         "05_fault_tolerance",
         "06_diagnosing_hangs",
+        "07_fsdp_sharding",
     ]
 
 

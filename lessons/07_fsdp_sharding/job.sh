@@ -6,7 +6,7 @@
 #   sbatch lessons/07_fsdp_sharding/job.sh            # from the course root: 2 epochs
 #   sbatch lessons/07_fsdp_sharding/job.sh 1 --train-subset 12000   # more arguments: train.py
 #   scancel --signal=USR1 --batch <jobid>             # rehearse the time-limit warning now
-#   scontrol update JobId=<jobid> NumNodes=1 NumTasks=2   # requeued (PENDING): come back smaller
+#   scontrol update JobId=<jobid> NumNodes=1 NumTasks=2 NumCPUs=8   # requeued, waiting: shrink it
 #   CHECKPOINT_DIR=checkpoints/x sbatch ...           # continue (or start) the run saved in x
 #
 #SBATCH --job-name=fsdp-mnist
@@ -42,6 +42,11 @@ if [[ -z ${CHECKPOINT_DIR:-} ]]; then
     if [[ ${SLURM_RESTART_COUNT:-0} == 0 && -e $CHECKPOINT_DIR ]]; then mv "$CHECKPOINT_DIR" "$CHECKPOINT_DIR.old-$(date +%s)"; fi
 fi
 export EPOCHS CHECKPOINT_DIR
+# A requeued job runs again with the environment sbatch gave its first run: SLURM_NTASKS and
+# SLURM_NPROCS still count the first run's tasks (4) when the job comes back on 1 node. Count
+# this run's tasks from this run's nodes, for srun and for common.env below.
+SLURM_NTASKS=$(( SLURM_JOB_NUM_NODES * SLURM_NTASKS_PER_NODE ))
+export SLURM_NTASKS SLURM_NPROCS=$SLURM_NTASKS
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) starts $(date -u '+%F %T') UTC on $SLURM_JOB_NODELIST, SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
 echo "$SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE tasks = $SLURM_NTASKS processes;" \
@@ -68,7 +73,8 @@ trap 'on_signal TERM' TERM
 
 # In Slurm 22.05 to 23.02 srun does not inherit --cpus-per-task from the job (23.11 restored it
 # through SLURM_CPUS_PER_TASK): passing it explicitly is right on every version.
-srun --cpus-per-task="$SLURM_CPUS_PER_TASK" bash "$COURSE_ROOT/lessons/07_fsdp_sharding/train.sh" "$@" &
+srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
+    bash "$COURSE_ROOT/lessons/07_fsdp_sharding/train.sh" "$@" &
 srun_pid=$!
 status=
 while [[ -z $status ]]; do
