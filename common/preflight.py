@@ -733,10 +733,8 @@ def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tu
         text = " ".join(str(exc).split())
         return f"{type(exc).__name__}: {text[:300]}", ""
     finally:
-        from common.dist import cleanup  # leaves the group (and spares the exit's last GC pass)
-
         with contextlib.suppress(Exception):
-            cleanup()
+            dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- main
