@@ -17,6 +17,7 @@ is non-zero on every process if any rank holds the wrong sum.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -101,6 +102,7 @@ def worker(index: int | None, nprocs: int, break_rank: int | None) -> None:
         say(f"all {world} ranks hold the expected sum" if n_wrong == 0
             else f"FAILED: {n_wrong} of {world} ranks hold a wrong sum")
     dist.destroy_process_group()  # frees the group (it is not a barrier)
+    gc.collect()  # what still points at the group goes now, not at exit (lesson 03's train.py)
     if n_wrong:
         raise SystemExit(1)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -117,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         # when it is done: reading a value back waits for it, as the next real step would.
         total = grad[0].item()
         say(env, f"step {step}: all_reduce done ({total:g})")
-    dist.destroy_process_group()
+    dist.destroy_process_group()  # frees the group (it is not a barrier)
+    gc.collect()  # what still points at the group goes now, not at exit (lesson 03's train.py)
     faulthandler.cancel_dump_traceback_later()
     return 0
 
