@@ -271,3 +271,25 @@ def test_the_set_up_without_linux_only_calls():
     launcher, backend, total, threads, initialized = proc.stdout.split()
     assert (launcher, backend, total, initialized) == ("single", "gloo", "1", "False")
     assert int(threads) == (os.cpu_count() or 1)
+
+
+# --------------------------------------------------------------------------- every lesson
+
+
+def lesson_scripts_that_join_a_group():
+    for path in sorted((ROOT / "lessons").glob("*/*.py")):
+        text = path.read_text()
+        if "init_process_group(" in text:
+            yield path.relative_to(ROOT), text
+
+
+@pytest.mark.parametrize("path,text", list(lesson_scripts_that_join_a_group()),
+                         ids=lambda v: str(v) if isinstance(v, Path) else "")  # fmt: skip
+def test_every_lesson_script_shows_its_own_set_up(path, text):
+    """A lesson script calls torch.distributed itself, with a timeout, with device_id on GPUs
+    (benchmark.py measures this machine's CPU and joins gloo only), and leaves the group."""
+    assert "common.dist" not in text and "init_distributed" not in text, path
+    assert "timeout=" in text and "destroy_process_group()" in text, path
+    if "nccl" in text:
+        assert "torch.cuda.set_device(device)" in text, path
+        assert "device_id=device if device.type == \"cuda\" else None" in text, path
