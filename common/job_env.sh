@@ -138,3 +138,31 @@ export PYTHONUNBUFFERED=1
 if [[ ${SLURM_CLUSTER_NAME:-} == course ]]; then
     export COURSE_DIST_TIMEOUT=${COURSE_DIST_TIMEOUT:-60}
 fi
+
+# course_need_file FILE FIX: return 0 if FILE exists and this user may read it; else print one
+# line saying whether it is missing or cannot be read, and why (a folder on the way without x
+# for this user, or the file without r, with its mode and owner), with FIX for the missing case.
+#     course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist" || exit 2
+course_need_file() {
+    local file=$1 fix=$2 dir="" part me
+    me=$(id -un)
+    [[ -f $file && -r $file ]] && return 0
+    [[ $file == /* ]] || file=$PWD/$file
+    local -a parts
+    IFS=/ read -ra parts <<<"${file%/*}"
+    for part in "${parts[@]}"; do
+        [[ -n $part ]] || continue
+        dir+=/$part
+        [[ -d $dir ]] || break
+        if [[ ! -x $dir ]]; then
+            echo "error: $file cannot be read: the folder $dir ($(stat -c '%A %U:%G' "$dir")) may not be entered by $me (it needs x for you: chmod o+x $dir, or a group you are in); ask its owner, or use a copy of your own." >&2
+            return 2
+        fi
+    done
+    if [[ -e $file && ! -r $file ]]; then
+        echo "error: $file cannot be read: the file ($(stat -c '%A %U:%G' "$file")) may not be read by $me (chmod o+r $file, or a group you are in); ask its owner, or use a copy of your own." >&2
+        return 2
+    fi
+    echo "error: $file is missing: $fix" >&2
+    return 2
+}
