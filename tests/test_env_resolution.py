@@ -222,6 +222,23 @@ RESOLUTION_CASES = [
         15077,
     ),
     (
+        # Slurm 26.05 exports the batch step's id with "%d" (src/common/env.c, setup_env).
+        "sbatch-script-26.05-step-id-minus-5",
+        {**BATCH_SCRIPT, "SLURM_STEP_ID": "-5", "SLURM_STEPID": "-5"},
+        {},
+        ("single", 0, 0, 1, 1, 0, 1),
+        "node1",
+        15077,
+    ),
+    (
+        "sbatch-script-unsigned-sentinel",
+        {**BATCH_SCRIPT, "SLURM_STEP_ID": "4294967291"},
+        {},
+        ("single", 0, 0, 1, 1, 0, 1),
+        "node1",
+        15077,
+    ),
+    (
         "mp.spawn-alone",
         {"MASTER_PORT": "24000"},
         {"spawn_index": 1, "spawn_nprocs": 2},
