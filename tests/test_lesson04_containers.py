@@ -82,7 +82,7 @@ def setup(tmp_path, runtime: str | None):
         "COURSE_CONTAINER_NAME": "l04-ct",
         "COURSE_CONTAINER_IMAGE": str(tmp_path / "torch.sqsh"),
         "COURSE_APPTAINER_IMAGE": str(tmp_path / "torch.sif"),
-        "COURSE_RDZV_TIMEOUT": "77",
+        "COURSE_CHECKPOINT_EVERY": "77",  # any COURSE_* variable
         "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "GLOO_SOCKET_IFNAME": "eth0",
@@ -106,7 +106,7 @@ def calls(record: Path, node: str, prog: str, sub: str):
     return found
 
 
-PASSED = ["NCCL_SOCKET_IFNAME", "FI_PROVIDER", "MY_SITE_SETTING", "COURSE_RDZV_TIMEOUT",
+PASSED = ["NCCL_SOCKET_IFNAME", "FI_PROVIDER", "MY_SITE_SETTING", "COURSE_CHECKPOINT_EVERY",
           "COURSE_DIST_TIMEOUT", "TORCH_DISTRIBUTED_DEBUG", "TORCH_NCCL_ASYNC_ERROR_HANDLING",
           "GLOO_SOCKET_IFNAME", "UCX_TLS", "OMP_NUM_THREADS", "MNIST_DIR", "MASTER_ADDR",
           "NODE_RANK", "SLURM_NODEID"]  # fmt: skip

@@ -14,8 +14,8 @@ NPROC_PER_NODE=${SLURM_GPUS_ON_NODE:-2}
 WORLD_SIZE=$((NNODES * NPROC_PER_NODE))
 
 # How long torchrun waits for all nodes to join before giving up (seconds).
-# torchrun's own default is 600-900 s: a node that never arrives would hold the
-# whole allocation for a quarter of an hour before anything is printed.
+# torchrun's own default is 600 s (static and c10d forms alike): a node that never
+# arrives would hold the whole allocation for ten minutes before anything is printed.
 RDZV_TIMEOUT=${TORCHRUN_RDZV_TIMEOUT:-60}
 
 # torchrun writes one stdout/stderr file per worker under this directory,
