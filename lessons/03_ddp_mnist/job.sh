@@ -29,7 +29,7 @@ EPOCHS=${1:-${EPOCHS:-3}}
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 1 ]] || { echo "error: EPOCHS='$EPOCHS' is not a whole number of epochs >= 1: pass e.g. 3 (sbatch lessons/03_ddp_mnist/job.sh 3)" >&2; exit 2; }
 data=${MNIST_DIR:-$COURSE_ROOT/data/mnist}
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-    [[ -f $data/$f ]] || { echo "error: MNIST file $data/$f is missing: prepare the data once, on the login node: python -m common.mnist" >&2; exit 2; }
+    course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist" || exit 2
 done
 # A checkpoint per job unless CHECKPOINT names one. A job that Slurm requeued (after a node
 # failure, say: JobRequeue=1 is the default) runs again with the same id and
