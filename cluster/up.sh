@@ -181,6 +181,16 @@ hosts_block() {
     for ((i = 1; i <= NODES; i++)); do
         echo "$CLUSTER_NET.$i node$i"
     done
+    # torch's rendezvous store (TCPStore) listens on an IPv6 socket, sees an IPv4 client as
+    # ::ffff:a.b.c.d and names it with getnameinfo(); glibc's files backend does not map that
+    # form back to the IPv4 line, and the nodes reach no DNS server, so every rank would print
+    # "[c10d] The hostname of the client socket cannot be retrieved. err=-3". These lines answer
+    # that reverse lookup; forward lookups still list the IPv4 address first.
+    echo "::ffff:127.0.0.1 localhost"
+    echo "::ffff:$CTL_ADDR $CTL_NAME"
+    for ((i = 1; i <= NODES; i++)); do
+        echo "::ffff:$CLUSTER_NET.$i node$i"
+    done
     echo "$HOSTS_END"
 }
 
@@ -198,6 +208,8 @@ already_up() {
     [[ -f $SLURMDBD_CONF && $(<"$SLURMDBD_CONF") == "$DBD_CONF_TEXT" ]] || return 1
     [[ -f $GRES_CONF && $(<"$GRES_CONF") == "$GRES_CONF_TEXT" ]] || return 1
     [[ -f $CGROUP_CONF && $(<"$CGROUP_CONF") == "$CGROUP_CONF_TEXT" ]] || return 1
+    [[ $(awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{on=1} on{print} $0==e{on=0}' "$HOSTS_FILE") == "$(hosts_block)" ]] ||
+        return 1
     local i
     ip link show "$BRIDGE" >/dev/null 2>&1 || return 1
     for ((i = 1; i <= NODES; i++)); do

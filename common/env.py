@@ -58,9 +58,13 @@ MASTER_PORT_SPAN = 15000
 
 # Step ids that are not srun steps (slurm.h: SLURM_BATCH_SCRIPT 0xfffffffb, SLURM_EXTERN_CONT
 # 0xfffffffc, SLURM_INTERACTIVE_STEP 0xfffffffa, SLURM_PENDING_STEP 0xfffffffd, ...): the batch
-# script, the extern step and salloc's interactive shell also run "in a step", and newer Slurm
-# exports their ids in SLURM_STEP_ID. All sentinels lie at 0xfffffff0 and above.
+# script, the extern step and salloc's interactive shell also run "in a step". All sentinels lie
+# at 0xfffffff0 and above. Slurm 22.05 to 25.11 export no SLURM_STEP_ID there (setup_env in
+# src/common/env.c sets it only for a step id >= 0, and the sentinels are negative as an int);
+# 26.05 exports every id but NO_VAL, printed with "%d": the batch script sees
+# SLURM_STEP_ID=-5. The unsigned form (4294967291) is accepted as well.
 SENTINEL_STEP_ID_MIN = 0xFFFFFFF0
+_SENTINEL_STEP_ID = re.compile(r"-(?:[1-9]|1[0-6])")
 
 # SLURM's ids and counts are plain ASCII digits; int() would also take "1_0", "+3", " -2",
 # Arabic-Indic or full-width digits.
@@ -307,11 +311,11 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     """True inside a task started by srun.
 
     The batch script itself (sbatch without srun) also has SLURM_PROCID=0, SLURM_NODEID=0 and
-    job-wide counts such as SLURM_NTASKS=4, but it is one process.  Slurm 22.05 gives it no step
-    id; newer Slurm exports the batch step's sentinel id (SLURM_STEP_ID=4294967291, see
-    SENTINEL_STEP_ID_MIN), as it does for salloc's interactive step.  So: a task is a process
-    with SLURM_PROCID and a step id below the sentinels, or, without any step id, with the step
-    description that only srun sets (SLURM_STEP_NUM_TASKS).
+    job-wide counts such as SLURM_NTASKS=4, but it is one process.  Slurm 22.05 to 25.11 give it
+    no step id; 26.05 exports the batch step's sentinel id as a signed number
+    (SLURM_STEP_ID=-5, see SENTINEL_STEP_ID_MIN), as it does for salloc's interactive step (-6).
+    So: a task is a process with SLURM_PROCID and a step id below the sentinels, or, without any
+    step id, with the step description that only srun sets (SLURM_STEP_NUM_TASKS).
     """
     if "SLURM_PROCID" not in environ:
         return False
@@ -319,7 +323,51 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     if step_id is None:
         return "SLURM_STEP_NUM_TASKS" in environ
     step_id = step_id.strip()
+    if _SENTINEL_STEP_ID.fullmatch(step_id):  # "-5": the batch script (26.05's "%d")
+        return False
     return bool(_ASCII_INT.fullmatch(step_id)) and int(step_id) < SENTINEL_STEP_ID_MIN
+
+
+# A process of an srun step is in that step's cgroup, whatever its environment holds:
+# cgroup v1 (proctrack/cgroup, task/cgroup) ".../slurm[_<node>]/uid_<uid>/job_<id>/step_<n>/...",
+# cgroup v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>" (Slurm's cgroup/v1 and
+# cgroup/v2 plugins). The batch script is in step_batch, salloc's shell in step_interactive,
+# adopted ssh sessions in step_extern. With proctrack/linuxproc and no task/cgroup there is no
+# such line, and a container with its own cgroup namespace sees "/" only: no sign either way.
+_STEP_CGROUP = re.compile(r"/job_([0-9]+)/step_([0-9]+)(?:/|$)")
+
+
+def slurm_step_of_cgroup(proc_cgroup: str) -> tuple[str, str] | None:
+    """(job id, step id) of the srun step whose cgroup /proc/self/cgroup names, or None."""
+    for line in proc_cgroup.splitlines():
+        m = _STEP_CGROUP.search(line.split(":", 2)[-1])
+        if m:
+            return m[1], m[2]
+    return None
+
+
+def _check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | None) -> None:
+    """A task of an srun step that lost every SLURM_* variable would train alone as rank 0 of
+    1: `srun apptainer exec --cleanenv` (or --containall), `srun env -i`. Say so instead."""
+    if any(name.startswith("SLURM_") for name in environ):
+        return
+    if proc_cgroup is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                proc_cgroup = f.read()
+        except OSError:
+            return
+    found = slurm_step_of_cgroup(proc_cgroup)
+    if found:
+        job, step = found
+        raise LaunchError(
+            f"this process runs in Slurm step {job}.{step} (/proc/self/cgroup) but has no SLURM_* "
+            f"variable, so every task would train alone as rank 0 of 1: something between srun "
+            f"and Python cleared the environment (apptainer/singularity exec --cleanenv or "
+            f"--containall, env -i). Drop that option, or pass the variables in "
+            f"(apptainer --env-file, APPTAINERENV_SLURM_PROCID=...); for a deliberate single "
+            f"process set RANK=0 WORLD_SIZE=1."
+        )
 
 
 def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
@@ -438,6 +486,7 @@ def resolve_launch_env(
     spawn_nprocs: int | None = None,
     argv: Sequence[str] | None = None,
     check: bool = True,
+    proc_cgroup: str | None = None,
 ) -> LaunchEnv:
     """Work out this process's place in the job.
 
@@ -446,7 +495,13 @@ def resolve_launch_env(
     processes were spawned on this node).  ``argv`` defaults to ``sys.argv`` (used to recognise
     ``torch.distributed.launch``'s ``--local-rank``).  ``check=False`` skips the checks against
     this machine (name resolution of the master address, whether the port is free).
+    ``proc_cgroup`` is the text of /proc/self/cgroup (read when ``environ`` is not given).
     """
+    launched = os.environ if environ is None else environ
+    if (environ is None or proc_cgroup is not None) and not any(
+        v in launched for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+    ):
+        _check_slurm_variables_kept(launched, proc_cgroup)
     environ = os.environ if environ is None else environ
     argv = sys.argv if argv is None else argv
     step = _slurm_step(environ) if _in_srun_step(environ) else None

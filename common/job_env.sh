@@ -13,11 +13,18 @@
 # one site file, never edited into the lessons:
 #   COURSE_SITE_FILE  file sourced first (default: $COURSE_ROOT/site.sh, if it exists);
 #                     put `module load ...`, NCCL_SOCKET_IFNAME=... and similar there.
-#                     Every variable it sets is exported, so it reaches the srun tasks.
+#                     Every variable it sets is exported, so it reaches the srun tasks, and
+#                     its names are listed in COURSE_SITE_VARS (for containers, which start
+#                     with an empty environment). It is sourced with `set -u`/`set -e` off
+#                     (conda's activate scripts read unset variables); a command in it that
+#                     fails is reported in one line and the job goes on.
 #   COURSE_VENV       the Python environment: a venv (default: $COURSE_ROOT/.venv) or a
 #                     conda environment (the folder with conda-meta/ in it). Without either,
 #                     an active conda environment or the python3 on PATH (module load) is used
 #                     if it has torch. It must live on a filesystem every compute node mounts.
+#   COURSE_TORCH_IN_CONTAINER=1  set by a job script before sourcing this file when its tasks
+#                     run Python in a container image that brings torch (lesson 04: enroot,
+#                     pyxis, Apptainer): the host then needs only python3, for common.env.
 #   SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS, ...  read by sbatch itself.
 
 if [[ ! -d ${COURSE_ROOT:-}/common ]]; then
@@ -31,10 +38,50 @@ COURSE_SITE_FILE=${COURSE_SITE_FILE:-$COURSE_ROOT/site.sh}
 if [[ -f $COURSE_SITE_FILE ]]; then
     # A plain NAME=value in a sourced file stays in this shell; srun hands its tasks only what is
     # exported. `set -a` exports every variable the site file sets (`module load` exports its own).
-    set -a
+    # The job scripts run under `set -euo pipefail`, which a site file is not written for: conda's
+    # activate.d scripts read unset variables (conda/conda#3200, #8186: "PROJ_LIB: unbound
+    # variable" would end the job here, and no `|| true` can catch that), and `module load` may
+    # return non-zero after doing its work. So the file runs with those options off, an ERR trap
+    # notes every command in it that fails, and the options are put back afterwards.
+    declare -A course_site_before=()
+    for course_name in $(compgen -e); do
+        course_site_before[$course_name]=${!course_name}
+    done
+    # ($- and `shopt -o` in this shell: $(set +o) would run in a subshell, where errexit is off.)
+    course_site_opts=$-
+    course_site_pipefail=0
+    shopt -qo pipefail && course_site_pipefail=1
+    course_site_err_trap=$(trap -p ERR)
+    course_site_failed=()
+    set +euE -a
+    set +o pipefail
+    trap 'course_site_failed+=("line $LINENO: $BASH_COMMAND (exit $?)")' ERR
     # shellcheck source=/dev/null
     source "$COURSE_SITE_FILE"
+    trap - ERR
     set +a
+    [[ $course_site_opts == *a* ]] && set -a
+    [[ $course_site_opts == *e* ]] && set -e
+    [[ $course_site_opts == *u* ]] && set -u
+    [[ $course_site_opts == *E* ]] && set -E
+    ((course_site_pipefail)) && set -o pipefail
+    [[ -z $course_site_err_trap ]] || eval "$course_site_err_trap"
+    if ((${#course_site_failed[@]})); then
+        course_site_msg=$(printf '%s; ' "${course_site_failed[@]}")
+        echo "warning: site file $COURSE_SITE_FILE: ${course_site_msg%; } — going on; fix or remove the line if the job needs what it sets (its other lines ran)." >&2
+    fi
+    # The names the site file set or changed: a container (lesson 04) starts with none of the
+    # host's environment and is handed these by name. (A job script that runs another one
+    # sources this file twice; the second time the values are already there: keep the names.)
+    COURSE_SITE_VARS=${COURSE_SITE_VARS:-}
+    for course_name in $(compgen -e); do
+        if [[ -z ${course_site_before[$course_name]+set} || ${course_site_before[$course_name]} != "${!course_name}" ]] &&
+            [[ " $COURSE_SITE_VARS " != *" $course_name "* ]]; then
+            COURSE_SITE_VARS+="${COURSE_SITE_VARS:+ }$course_name"
+        fi
+    done
+    export COURSE_SITE_VARS
+    unset course_site_before course_site_opts course_site_pipefail course_site_err_trap course_site_failed course_site_msg course_name
 fi
 
 # The Python environment, in order: COURSE_VENV, the course's .venv, an active conda
@@ -53,13 +100,32 @@ elif [[ -f $COURSE_ROOT/.venv/bin/activate ]]; then
     source "$COURSE_ROOT/.venv/bin/activate"
 else
     course_python=$(command -v python3 || true)
-    if [[ -z $course_python ]] || ! "$course_python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; then
-        echo "error: no Python environment with torch: no $COURSE_ROOT/.venv, no COURSE_VENV, and ${course_python:-no python3 on PATH}${course_python:+ cannot import torch}. Create the venv on a shared filesystem (make -C \"$COURSE_ROOT\" venv), set COURSE_VENV, or module load / conda activate one in site.sh." >&2
+    if [[ -z $course_python ]]; then
+        echo "error: no Python environment: no $COURSE_ROOT/.venv, no COURSE_VENV, and no python3 on PATH. Create the venv on a shared filesystem (make -C \"$COURSE_ROOT\" venv), set COURSE_VENV, or module load / conda activate one in site.sh." >&2
+        exit 2
+    fi
+    # The host side of every job (common.env, host lists, ports) needs python3 only; torch is
+    # needed where the training runs. A job whose tasks run in a container that brings torch
+    # says so (COURSE_TORCH_IN_CONTAINER=1) and checks the host's torch only where it falls
+    # back to the host (course_require_host_torch below).
+    if [[ ${COURSE_TORCH_IN_CONTAINER:-0} != 1 ]] && ! "$course_python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; then
+        echo "error: no Python environment with torch: no $COURSE_ROOT/.venv, no COURSE_VENV, and $course_python cannot import torch. Create the venv on a shared filesystem (make -C \"$COURSE_ROOT\" venv), set COURSE_VENV, or module load / conda activate one in site.sh." >&2
         exit 2
     fi
     echo "using ${CONDA_PREFIX:+the conda environment $CONDA_PREFIX: }$course_python (no .venv in the course, no COURSE_VENV)"
     unset course_python
 fi
+
+# course_require_host_torch WHAT: stop with one line unless the python3 on PATH imports torch.
+# For a job that runs its training in a container where it can, and on the host where not.
+course_require_host_torch() {
+    local python
+    python=$(command -v python3 || true)
+    if [[ -z $python ]] || ! "$python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)' 2>/dev/null; then
+        echo "error: $1 needs torch on the host, and ${python:-no python3 on PATH}${python:+ cannot import torch}: install the container runtime on this node, or give the host a Python with torch (COURSE_VENV, or module load / conda activate in site.sh)." >&2
+        return 2
+    fi
+}
 
 # Every task started by srun inherits this, so `python -m common.env` and the
 # lessons' `from common... import ...` work on every node.
@@ -68,7 +134,35 @@ export PYTHONPATH="$COURSE_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # The course's local cluster (cluster/up.sh, ClusterName=course) has no slow filesystem and no
 # big model: a rank that is not there within a minute is not coming. Real clusters keep
-# common.dist's defaults (COURSE_RDZV_TIMEOUT 120 s, COURSE_DIST_TIMEOUT 600 s).
+# common.env.dist_timeout()'s default of 600 s (COURSE_DIST_TIMEOUT unset).
 if [[ ${SLURM_CLUSTER_NAME:-} == course ]]; then
     export COURSE_DIST_TIMEOUT=${COURSE_DIST_TIMEOUT:-60}
 fi
+
+# course_need_file FILE FIX: return 0 if FILE exists and this user may read it; else print one
+# line saying whether it is missing or cannot be read, and why (a folder on the way without x
+# for this user, or the file without r, with its mode and owner), with FIX for the missing case.
+#     course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist" || exit 2
+course_need_file() {
+    local file=$1 fix=$2 dir="" part me
+    me=$(id -un)
+    [[ -f $file && -r $file ]] && return 0
+    [[ $file == /* ]] || file=$PWD/$file
+    local -a parts
+    IFS=/ read -ra parts <<<"${file%/*}"
+    for part in "${parts[@]}"; do
+        [[ -n $part ]] || continue
+        dir+=/$part
+        [[ -d $dir ]] || break
+        if [[ ! -x $dir ]]; then
+            echo "error: $file cannot be read: the folder $dir ($(stat -c '%A %U:%G' "$dir")) may not be entered by $me (it needs x for you: chmod o+x $dir, or a group you are in); ask its owner, or use a copy of your own." >&2
+            return 2
+        fi
+    done
+    if [[ -e $file && ! -r $file ]]; then
+        echo "error: $file cannot be read: the file ($(stat -c '%A %U:%G' "$file")) may not be read by $me (chmod o+r $file, or a group you are in); ask its owner, or use a copy of your own." >&2
+        return 2
+    fi
+    echo "error: $file is missing: $fix" >&2
+    return 2
+}

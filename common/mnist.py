@@ -80,9 +80,66 @@ def _prepare_hint(data_dir: Path) -> str:
     return f"{PREPARE_CMD} --data-dir {data_dir}"
 
 
+def _owner_and_mode(path: Path) -> str:
+    import grp
+    import pwd
+    import stat
+
+    st = path.stat()
+    try:
+        user = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        user = str(st.st_uid)
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    return f"{stat.filemode(st.st_mode)} {user}:{group}"
+
+
+def access_problem(path: Path | str) -> str | None:
+    """Why this user cannot read ``path`` although it (or the folder it is in) exists: a folder
+    on the way that it may not enter (no x), or a file it may not read (no r). None when the
+    path is readable or simply missing. (A file in a folder one cannot enter looks missing to
+    ``Path.is_file``: stat fails with EACCES.)"""
+    import pwd
+
+    path = Path(os.path.abspath(path))
+    try:
+        me = pwd.getpwuid(os.geteuid()).pw_name
+    except KeyError:
+        me = f"uid {os.geteuid()}"
+    for folder in reversed(path.parents):  # "/" first
+        if not os.path.isdir(folder):
+            return None  # missing, not unreadable
+        if not os.access(folder, os.X_OK):
+            return (
+                f"the folder {folder} ({_owner_and_mode(folder)}) may not be entered by {me}: "
+                f"it needs x for you (chmod o+x {folder}, or a group you are in)"
+            )
+    if path.exists() and not os.access(path, os.R_OK):
+        return (
+            f"the file ({_owner_and_mode(path)}) may not be read by {me} "
+            f"(chmod o+r {path}, or a group you are in)"
+        )
+    return None
+
+
+def _unreadable(path: Path, problem: str) -> MnistDataError:
+    return MnistDataError(
+        f"MNIST file {path} cannot be read: {problem}. Ask its owner to open it to you, or "
+        f"prepare a copy of your own: {PREPARE_CMD} --data-dir <your folder>, then export "
+        f"MNIST_DIR=<your folder>"
+    )
+
+
 def check_file(path: Path) -> None:
-    """Raise MnistDataError naming ``path`` and the fix if it is missing or its MD5 is wrong."""
+    """Raise MnistDataError naming ``path`` and the fix if it is missing, unreadable or its MD5
+    is wrong."""
     path = Path(path)
+    problem = access_problem(path)
+    if problem:
+        raise _unreadable(path, problem)
     if not path.is_file():
         raise MnistDataError(
             f"MNIST file {path} does not exist. Prepare the data once (on a machine that has "
@@ -194,7 +251,17 @@ def prepare(
     unless ``force`` is set, in which case it is rebuilt.
     """
     data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-    data_dir.mkdir(parents=True, exist_ok=True)
+    for name in MD5:
+        problem = access_problem(data_dir / name)
+        if problem:
+            raise _unreadable(data_dir / name, problem)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except PermissionError as exc:
+        raise MnistDataError(
+            f"cannot create the MNIST folder {data_dir}: {exc.strerror}. Choose a folder you may "
+            f"write: {PREPARE_CMD} --data-dir <your folder> (and export MNIST_DIR=<your folder>)"
+        ) from None
 
     missing = []
     for name in MD5:

@@ -34,7 +34,13 @@ def backends_available() -> dict[str, bool]:
 
 
 def nccl_version() -> str | None:
-    """NCCL's version as torch was built with it ("2.21.5"), None without CUDA."""
+    """The version of the libnccl this process loaded ("2.21.5"), None without CUDA.
+
+    torch.cuda.nccl.version() asks the library at run time (ncclGetVersion, in
+    torch::cuda::nccl::version, torch/csrc/cuda/nccl.cpp): the libnccl.so.2 found when torch
+    was loaded (pip's nvidia-nccl package, a site module's LD_LIBRARY_PATH, an LD_PRELOAD), which
+    need not be the one torch was built against.
+    """
     import torch
 
     if not torch.cuda.is_available():

@@ -11,9 +11,7 @@ cluster already up, and prints:
 * each lane's test time (the cluster tests run one after another on one pytest-xdist worker,
   everything else on the other, see tests/conftest.py) and its slowest tests;
 * what one `import torch` costs on this machine, since most of the suite's CPU time is
-  processes that start torch (every rank of every job and local run starts its own), and what
-  one DDP rank costs with and without the heap freeze of common.dist.cleanup() (the collector's
-  last pass at exit).
+  processes that start torch (every rank of every job and local run starts its own).
 
 The course's budget is 10 minutes for `make test` on 2 cores.
 """
@@ -67,34 +65,6 @@ def child_cpu_s(code: str, *args: str, rounds: int = 3, env: dict[str, str] | No
     return statistics.median(costs)
 
 
-# One rank of a world of one with DDP (which imports torch._dynamo), then common.dist.cleanup(),
-# which freezes what is alive before the process exits; or the same without the freeze.
-DDP_RANK = """
-import gc, sys, torch
-from common import dist as cdist
-ctx = cdist.init_distributed()
-model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
-model(torch.ones(2, 4)).sum().backward()
-if sys.argv[1:] == ["no-freeze"]:
-    gc.freeze = lambda: None
-cdist.cleanup()
-"""
-
-
-def exit_costs(rounds: int = 8) -> tuple[float, float]:
-    """Median CPU seconds of one DDP rank as the lessons run it, and without cleanup()'s
-    freeze. The two alternate, so that a busy spell of the machine weighs on both alike (one
-    process varies by a second here)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "MASTER_", "LOCAL_"))}
-    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    frozen, plain = [], []
-    for _ in range(rounds):
-        frozen.append(child_cpu_s(DDP_RANK, rounds=1, env=env))
-        plain.append(child_cpu_s(DDP_RANK, "no-freeze", rounds=1, env=env))
-    return statistics.median(frozen), statistics.median(plain)
-
-
 DURATION = re.compile(r"^(\d+\.\d+)s (setup|call|teardown)\s+(.+)$")
 
 
@@ -146,7 +116,6 @@ def main() -> int:
         sys.exit("budget.py: the local cluster is not up: run `make cluster-up` first, so that "
                  "its start is not counted")  # fmt: skip
     torch_s = child_cpu_s("import torch")
-    frozen_s, plain_s = exit_costs()
     cmd = make_test_command() + " --durations=0"
     log_path = ROOT / "runs" / f"budget-{time.strftime('%Y%m%d-%H%M%S')}.log"
     log_path.parent.mkdir(exist_ok=True)
@@ -159,9 +128,6 @@ def main() -> int:
     report(log_path.read_text(errors="replace"), wall, cpu1 - cpu0, steal1 - steal0, cores,
            args.top)  # fmt: skip
     print(f"import torch: {torch_s:.2f} CPU-s per process on this machine")
-    print(f"one DDP rank (world of one), exit included, median of 8: {frozen_s:.2f} CPU-s as the "
-          f"lessons end it (common.dist.cleanup freezes the heap), {plain_s:.2f} without the "
-          "freeze")
     return rc
 
 

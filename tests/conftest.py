@@ -40,6 +40,13 @@ _FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 
 CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
 
+# Every process the suite starts (jobs, tasks, notebook kernels) skips the garbage collector's
+# last pass at exit: tests/exitfast/sitecustomize.py says why.
+_EXITFAST = str(ROOT / "tests" / "exitfast")
+if _EXITFAST not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (_EXITFAST, os.environ.get("PYTHONPATH")) if p)
+
 
 def _loadgroup(config) -> bool:
     """Is this run split over pytest-xdist workers by xdist_group (``--dist loadgroup``)?

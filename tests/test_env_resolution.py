@@ -222,6 +222,23 @@ RESOLUTION_CASES = [
         15077,
     ),
     (
+        # Slurm 26.05 exports the batch step's id with "%d" (src/common/env.c, setup_env).
+        "sbatch-script-26.05-step-id-minus-5",
+        {**BATCH_SCRIPT, "SLURM_STEP_ID": "-5", "SLURM_STEPID": "-5"},
+        {},
+        ("single", 0, 0, 1, 1, 0, 1),
+        "node1",
+        15077,
+    ),
+    (
+        "sbatch-script-unsigned-sentinel",
+        {**BATCH_SCRIPT, "SLURM_STEP_ID": "4294967291"},
+        {},
+        ("single", 0, 0, 1, 1, 0, 1),
+        "node1",
+        15077,
+    ),
+    (
         "mp.spawn-alone",
         {"MASTER_PORT": "24000"},
         {"spawn_index": 1, "spawn_nprocs": 2},
@@ -533,9 +550,14 @@ def test_free_port_and_resolving_host_pass_checks():
         (1, 2, 2, None, 1),  # one GPU per local rank: cuda:<local_rank>
         (3, 4, 8, "8", 3),
         (1, 2, 1, "2", 0),  # --gpus-per-task=1: each task sees only its own GPU
+        # --gpu-bind=closest, 8 tasks on 8 GPUs in 2 NUMA domains: local rank 5 sees 4,5,6,7
+        (5, 8, 4, "8", 1),
+        (4, 8, 4, "8", 0),
+        (3, 4, 2, "8", 1),  # --gpus-per-task=2: task 3 sees its own pair
         (1, 4, 2, "2", None),  # 4 processes, 2 GPUs: would share
         (1, 2, 1, "1", None),  # 2 tasks, 1 GPU on the node
         (1, 2, 1, None, None),
+        (5, 8, 4, "4", None),  # a set of 4 on a node of 4 is all of them: 8 ranks would share
     ],
 )
 def test_cuda_device_index(local_rank, local_world, visible, gpus_on_node, index):
@@ -549,6 +571,29 @@ def test_cuda_device_index(local_rank, local_world, visible, gpus_on_node, index
             cuda_device_index(env, visible, environ)
     else:
         assert cuda_device_index(env, visible, environ) == index
+
+
+@pytest.mark.parametrize(
+    "bind,local_world,repeated",
+    [
+        ("map_gpu:0,0", 2, "local tasks 0 and 1 to the same GPU 0"),
+        ("verbose,map_gpu:1,0,1", 3, "local tasks 0 and 2 to the same GPU 1"),
+        ("map_gpu:0*2,1", 3, "local tasks 0 and 1 to the same GPU 0"),
+        ("map_gpu:0,1,0", 2, None),  # the repeat is for a third task that this node lacks
+        ("closest", 8, None),
+    ],
+)
+def test_a_gpu_map_that_repeats_a_gpu_is_refused(bind, local_world, repeated):
+    """--gpu-bind=map_gpu:0,0 (SLURM_GPU_BIND): two tasks on one GPU, said before NCCL's
+    "Duplicate GPU detected"."""
+    env = resolve({"RANK": "0", "WORLD_SIZE": str(local_world), "LOCAL_RANK": "0",
+                   "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "n1"})  # fmt: skip
+    environ = {"SLURM_GPU_BIND": bind, "SLURM_GPUS_ON_NODE": str(local_world)}
+    if repeated is None:
+        assert cuda_device_index(env, 1, environ) == 0
+    else:
+        with pytest.raises(LaunchError, match=f"SLURM_GPU_BIND=.*binds {repeated}"):
+            cuda_device_index(env, 1, environ)
 
 
 # --------------------------------------------------------------------------- command line

@@ -3,11 +3,14 @@
 CPU: train.py as a single-node gloo world on a subset of MNIST; a run killed after its first
 checkpoint resumes at the epoch boundary and ends like an uninterrupted one; a damaged checkpoint
 or a flag that cannot work is one line, printed once, never a traceback.
-Cluster: bad input refused before srun. job.sh itself runs for one epoch on the local 2 x 2
-cluster as the ordinary user `student` (tests/test_cluster_student.py, with check_job_output).
+Carried: train.py with three files of common/ in a directory of its own trains under torchrun
+and under srun. Cluster: bad input refused before srun. job.sh itself runs for one epoch on the
+local 2 x 2 cluster as the ordinary user `student` (tests/test_cluster_student.py, with
+check_job_output).
 """
 
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -21,11 +24,7 @@ from helpers import clean_environ, run_ranks, start_ranks
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "03_ddp_mnist"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(LESSON))
-
-import train  # noqa: E402  (lessons/03_ddp_mnist/train.py)
-
-from common.mnist import prepare  # noqa: E402
+from common.mnist import build_model, default_data_dir, parse_log, prepare  # noqa: E402
 
 TIMEOUT = 120
 SUBSET = ["--train-subset", "2048", "--test-subset", "1000"]
@@ -68,7 +67,7 @@ def test_smoke_single_process_then_nothing_to_do(tmp_path):
     assert proc.returncode == 0, out + proc.stderr
     assert "world size 1 (1 node(s) x 1), global batch 128 = 1 x 128, 16 steps" in out, out
     assert "backend gloo" in out and "device cpu" in out, out
-    rows = train.parse_log(out)
+    rows = parse_log(out)
     assert [r["epoch"] for r in rows] == [1], out
     assert rows[0]["test_acc"] > 50.0, out  # 16 steps on 2048 images: far above chance (10 %)
     assert rows[0]["samples_per_s"] > 0 and rows[0]["epoch_time"] > 0
@@ -80,7 +79,7 @@ def test_smoke_single_process_then_nothing_to_do(tmp_path):
     again = run_train(1, "--epochs", "1", *SUBSET, "--checkpoint", str(ckpt))
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"resumed from {ckpt} after epoch 1" in again.stdout, again.stdout
-    assert "nothing to do" in again.stdout and not train.parse_log(again.stdout)
+    assert "nothing to do" in again.stdout and not parse_log(again.stdout)
 
 
 RESUME = ["--epochs", "2", "--train-subset", "2048", "--test-subset", "1000", "--log-every", "8"]
@@ -114,7 +113,7 @@ def test_killed_after_first_checkpoint_resumes_at_the_epoch_boundary(tmp_path):
     resumed = run_train(2, *RESUME, "--checkpoint", str(part))
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert f"resumed from {part} after epoch 1" in resumed.stdout, resumed.stdout
-    got, want = train.parse_log(resumed.stdout), train.parse_log(full.stdout)
+    got, want = parse_log(resumed.stdout), parse_log(full.stdout)
     assert [r["epoch"] for r in got] == [2] and [r["epoch"] for r in want] == [1, 2]
     # Same data order (sampler seeded by epoch), same optimizer and schedule: epoch 2 repeats.
     for key in ("train_loss", "test_loss", "test_acc"):
@@ -154,7 +153,7 @@ def test_sync_bn_on_cpu_is_refused_in_one_line():
 
 
 def test_sync_bn_converts_every_batchnorm():
-    plain, synced = train.build_model(), train.build_model(sync_bn=True)
+    plain, synced = build_model(), build_model(sync_bn=True)
     count = sum(isinstance(m, torch.nn.BatchNorm2d) for m in plain.modules())
     assert count == 3
     assert sum(isinstance(m, torch.nn.SyncBatchNorm) for m in synced.modules()) == count
@@ -165,15 +164,61 @@ def test_parse_log_keeps_the_last_copy_of_an_epoch():
            "| epoch_time 1.0s"  # fmt: skip
     text = "\n".join([line.format(1, "97.00"), "noise", line.format(1, "97.50"),
                       line.format(2, "98.25")])  # fmt: skip
-    rows = train.parse_log(text)
+    rows = parse_log(text)
     assert [(r["epoch"], r["test_acc"]) for r in rows] == [(1, 97.5), (2, 98.25)]
+
+
+# --------------------------------------------------------------------------- carried away
+
+# What a student copies into a project of their own (README.md, "Taking it home").
+CARRIED = ("env.py", "mnist.py", "checkpoint.py")
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A directory holding lesson 03's train.py and three files of common/, nothing else."""
+    root = tmp_path / "project"
+    (root / "common").mkdir(parents=True)
+    shutil.copy(LESSON / "train.py", root)
+    for name in CARRIED:
+        shutil.copy(ROOT / "common" / name, root / "common")
+    return root
+
+
+def carried_environ(project):
+    # No PYTHONPATH: python puts the script's own directory first on sys.path, so the copied
+    # common/ is what `import common.env` finds, as in the student's project.
+    return {"PYTHONPATH": "", "MNIST_DIR": str(default_data_dir()), "COURSE_DIST_TIMEOUT": "30"}
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_carried_train_py_runs_under_torchrun(project):
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "train.py", "--epochs", "1", *SUBSET],
+        cwd=project, env=clean_environ(**carried_environ(project)), capture_output=True,
+        text=True, timeout=TIMEOUT,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "world size 2 (1 node(s) x 2)" in proc.stdout, proc.stdout
+    assert [r["epoch"] for r in parse_log(proc.stdout)] == [1], proc.stdout
+
+
+@pytest.mark.timeout(TIMEOUT + 60)
+def test_carried_train_py_runs_under_srun_on_two_nodes(project, srun):
+    proc = srun("--nodes=2", "--ntasks-per-node=1", f"--chdir={project}", sys.executable,
+                "train.py", "--epochs", "1", *SUBSET, env=carried_environ(project),
+                timeout=TIMEOUT)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "world size 2 (2 node(s) x 1)" in proc.stdout, proc.stdout
+    assert [r["epoch"] for r in parse_log(proc.stdout)] == [1], proc.stdout
 
 
 def check_job_output(text, epochs, min_acc):
     assert "world size 4 (2 node(s) x 2)" in text, text
     assert "2 nodes x 2 tasks = 4 processes; 2 GPU(s) per node, 4 CPUs per task" in text, text
     assert "backend gloo" in text or "backend nccl" in text, text
-    rows = train.parse_log(text)
+    rows = parse_log(text)
     assert [r["epoch"] for r in rows] == list(range(1, epochs + 1)), text
     assert rows[-1]["test_acc"] >= min_acc, text
     assert f"done: test_acc {rows[-1]['test_acc']:.2f}% after {epochs} epochs" in text, text
@@ -221,8 +266,8 @@ def submit(cluster_lock, tmp_path, *job_args, env=None, timeout=240):
         ({}, ["-3"], "error: EPOCHS='-3' is not a whole number of epochs >= 1: pass e.g. 3"),
         ({"EPOCHS": "two"}, [], "error: EPOCHS='two' is not a whole number of epochs"),
         ({"MNIST_DIR": "/nonexistent/mnist"}, ["1"],
-         "error: MNIST file /nonexistent/mnist/train-images-idx3-ubyte is missing: prepare the "
-         "data once, on the login node: python -m common.mnist"),
+         "error: /nonexistent/mnist/train-images-idx3-ubyte is missing: prepare the data once, "
+         "on the login node: python -m common.mnist"),
     ],
 )  # fmt: skip
 def test_job_refuses_bad_input_before_srun(cluster, cluster_lock, tmp_path, env, args, message):

@@ -31,6 +31,8 @@ _spec = importlib.util.spec_from_file_location("fault_tolerance", LESSON / "trai
 ft = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ft)
 
+from common.mnist import parse_log  # noqa: E402
+
 TIMEOUT = 120
 
 
@@ -79,7 +81,7 @@ def test_stopped_mid_epoch_then_resumed_twice_gives_identical_weights(uninterrup
     The run resumes mid-epoch for one epoch (--epochs-per-run), then again at the epoch
     boundary, and ends with the weights and the log of the uninterrupted run."""
     full_log, full = uninterrupted
-    want = ft.parse_log(full_log)
+    want = parse_log(full_log)
     part, log = tmp_path / "part.pt", tmp_path / "stopped.log"
     with open(log, "w") as out:
         ranks = start_ranks(N, command(*ARGS, "--checkpoint", str(part), "--log-every", "2"),
@@ -109,7 +111,7 @@ def test_stopped_mid_epoch_then_resumed_twice_gives_identical_weights(uninterrup
     assert rest.returncode == 0, rest.stdout + rest.stderr
     assert f"resumed from {part} at epoch 1, step {step}" in rest.stdout, rest.stdout
     assert "this run's 1 epoch(s) done: 1/2" in rest.stdout, rest.stdout
-    got = ft.parse_log(rest.stdout)
+    got = parse_log(rest.stdout)
     assert [r["epoch"] for r in got] == [1], rest.stdout
     assert (got[0]["test_loss"], got[0]["test_acc"]) == (want[0]["test_loss"], want[0]["test_acc"])
     # the epoch's loss is summed over two runs, in another order: equal up to rounding
@@ -121,7 +123,7 @@ def test_stopped_mid_epoch_then_resumed_twice_gives_identical_weights(uninterrup
     assert last.returncode == 0, last.stdout + last.stderr
     assert f"resumed from {part} at epoch 2, step 0" in last.stdout, last.stdout
     assert_same_state(load(full), load(part))
-    got = ft.parse_log(last.stdout)
+    got = parse_log(last.stdout)
     assert [r["epoch"] for r in got] == [2], last.stdout
     assert all(got[0][k] == want[1][k] for k in ("train_loss", "test_loss", "test_acc")), (
         got, want)  # fmt: skip
@@ -255,7 +257,7 @@ def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_pat
     text = out.read_text()
     assert (state, code) == ("COMPLETED", 0), text
     assert [int(n) for n in re.findall(r"=== link (\d) of chain test", text)] == [1, 2, 3], text
-    assert [r["epoch"] for r in ft.parse_log(text)] == [1, 2, 3], text
+    assert [r["epoch"] for r in parse_log(text)] == [1, 2, 3], text
     assert text.count("resumed from") == 2 and "done: test_acc" in text, text
 
 

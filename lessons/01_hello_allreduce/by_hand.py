@@ -86,8 +86,10 @@ def main(argv: list[str] | None = None) -> int:
 
     # 4. Join. Every rank blocks here until all `world` ranks arrived, at most `timeout`; the
     #    same timeout then bounds every collective of the group.
+    #    device_id (GPUs only) makes NCCL build its communicator on this GPU at once.
     dist.init_process_group(backend=backend, init_method=init_method, rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=args.timeout))
+                            world_size=world, timeout=datetime.timedelta(seconds=args.timeout),
+                            device_id=device if device.type == "cuda" else None)
     if rank == 0:
         print(f"init_method={init_method}: {world} processes, backend {backend}", flush=True)
 
@@ -100,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
           f"sum {tensor.item():g} expected {expected:g} {'OK' if ok else 'WRONG'}\n",
           end="", flush=True)
 
-    # 6. Leave: destroy the group, so no rank exits while another still talks to it.
+    # 6. Leave: destroy the group, which frees its resources. It is no barrier: a rank that
+    #    must not go on before the others are done would call dist.barrier() first.
     dist.destroy_process_group()
     return 0 if ok else 1
 

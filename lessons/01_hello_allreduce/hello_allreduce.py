@@ -17,6 +17,7 @@ is non-zero on every process if any rank holds the wrong sum.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -25,9 +26,12 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from common.dist import cleanup, init_distributed, print0
 from common.env import (
     LaunchError,
+    check_cuda_usable,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
     find_free_port,
     nproc_per_node,
     resolve_launch_env,
@@ -53,13 +57,32 @@ def worker(index: int | None, nprocs: int, break_rank: int | None) -> None:
         env = resolve_launch_env()
     else:
         env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
-    ctx = init_distributed(env)
+    # The set-up every lesson script starts with: this process's share of the CPUs, its GPU
+    # (set before the group, so NCCL builds its communicator there), and the process group:
+    # rank 0 hosts a small key-value store at MASTER_ADDR:MASTER_PORT, every rank connects to
+    # it, and the group is ready once all world_size ranks have (or the timeout has passed).
+    torch.set_num_threads(cpu_threads(env))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    else:
+        check_cuda_usable()
+        device = torch.device("cpu")
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=dist_timeout(),
+        device_id=device if device.type == "cuda" else None,
+    )
     rank, world = env.rank, env.world_size
-    print0(f"world: {world} processes on {env.num_nodes} node(s), started by {env.launcher}, "
-           f"master {env.master_addr}:{env.master_port}, backend {ctx.backend}")
+    if rank == 0:
+        say(f"world: {world} processes on {env.num_nodes} node(s), started by {env.launcher}, "
+            f"master {env.master_addr}:{env.master_port}, backend {dist.get_backend()}")
 
     # Build a tensor that only this rank could have built...
-    tensor = torch.tensor([float(rank), 1.0], device=ctx.device)
+    tensor = torch.tensor([float(rank), 1.0], device=device)
     # ...and let the collective add up everybody's: afterwards every rank holds the sum.
     dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     if rank == break_rank:
@@ -72,12 +95,14 @@ def worker(index: int | None, nprocs: int, break_rank: int | None) -> None:
 
     # A rank that only checks itself cannot tell the job failed elsewhere. One more
     # all_reduce counts the wrong ranks, so every process exits with the same verdict.
-    wrong = torch.tensor([0.0 if ok else 1.0], device=ctx.device)
+    wrong = torch.tensor([0.0 if ok else 1.0], device=device)
     dist.all_reduce(wrong, op=dist.ReduceOp.SUM)
     n_wrong = int(wrong.item())
-    print0(f"all {world} ranks hold the expected sum" if n_wrong == 0
-           else f"FAILED: {n_wrong} of {world} ranks hold a wrong sum")
-    cleanup()
+    if rank == 0:
+        say(f"all {world} ranks hold the expected sum" if n_wrong == 0
+            else f"FAILED: {n_wrong} of {world} ranks hold a wrong sum")
+    dist.destroy_process_group()  # frees the group (it is not a barrier)
+    gc.collect()  # what still points at the group goes now, not at exit (lesson 03's train.py)
     if n_wrong:
         raise SystemExit(1)
 

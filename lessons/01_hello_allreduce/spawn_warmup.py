@@ -13,6 +13,7 @@ weights. Nothing here needs a GPU: on CPU the processes talk through the gloo ba
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 
@@ -23,8 +24,14 @@ from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.dist import cleanup, init_distributed, print0
-from common.env import find_free_port, resolve_launch_env
+from common.env import (
+    check_cuda_usable,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    find_free_port,
+    resolve_launch_env,
+)
 
 
 def say(text: str) -> None:
@@ -48,17 +55,32 @@ def weights_checksum(model: nn.Module) -> float:
 
 def worker(index: int, nprocs: int, steps: int) -> None:
     # A spawned child knows only its index; common/ turns it into rank, world size and the
-    # address of the process that hosts the rendezvous.
+    # address of the process that hosts the rendezvous. Then the set-up every DDP script
+    # starts with: this process's threads and device, and the process group.
     env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
-    ctx = init_distributed(env)
+    torch.set_num_threads(cpu_threads(env))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
+    else:
+        check_cuda_usable()
+        device = torch.device("cpu")
+    dist.init_process_group(
+        backend="nccl" if device.type == "cuda" else "gloo",
+        init_method=f"tcp://{env.master_addr}:{env.master_port}",
+        rank=env.rank,
+        world_size=env.world_size,
+        timeout=dist_timeout(),
+        device_id=device if device.type == "cuda" else None,
+    )
     rank, world = env.rank, env.world_size
 
     # Seed differently on purpose: every process builds *different* initial weights.
     # Wrapping in DDP broadcasts rank 0's weights, so all replicas start equal anyway.
     torch.manual_seed(rank)
-    model = ToyModel().to(ctx.device)
+    model = ToyModel().to(device)
     say(f"rank {rank}/{world}: weights before DDP {weights_checksum(model):+.6f}")
-    device_ids = [ctx.device.index] if ctx.device.type == "cuda" else None
+    device_ids = [device.index] if device.type == "cuda" else None
     ddp_model = DDP(model, device_ids=device_ids)
     say(f"rank {rank}/{world}: weights after DDP  {weights_checksum(model):+.6f}")
 
@@ -66,8 +88,8 @@ def worker(index: int, nprocs: int, steps: int) -> None:
     loss_fn = nn.MSELoss()
     for step in range(steps):
         # Each rank sees its own batch (as it would with a DistributedSampler)...
-        inputs = torch.randn(20, 10, device=ctx.device)
-        targets = torch.randn(20, 5, device=ctx.device)
+        inputs = torch.randn(20, 10, device=device)
+        targets = torch.randn(20, 5, device=device)
         optimizer.zero_grad()
         loss = loss_fn(ddp_model(inputs), targets)
         # ...and backward() averages the gradients over all ranks, so every replica
@@ -80,9 +102,11 @@ def worker(index: int, nprocs: int, steps: int) -> None:
     checksums = [0.0] * world
     dist.all_gather_object(checksums, weights_checksum(model))
     same = max(checksums) - min(checksums) < 1e-9
-    print0(f"weights after {steps} steps on {world} ranks: "
-           + ("identical on every rank" if same else f"DIFFERENT: {checksums}"))
-    cleanup()
+    if rank == 0:
+        say(f"weights after {steps} steps on {world} ranks: "
+            + ("identical on every rank" if same else f"DIFFERENT: {checksums}"))
+    dist.destroy_process_group()  # frees the group (it is not a barrier)
+    gc.collect()  # DDP's reducer points at the destroyed group: free it before exit (exit -6)
     if not same:
         raise SystemExit(1)
 

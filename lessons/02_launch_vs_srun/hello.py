@@ -15,13 +15,21 @@ The same file runs under every launcher of this lesson (see README.md):
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 
 import torch
 import torch.distributed as dist
 
-from common.dist import cleanup, init_distributed
-from common.env import LaunchError, resolve_launch_env
+from common.env import (
+    LaunchError,
+    check_cuda_usable,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+    resolve_launch_env,
+)
 
 
 def say(text: str) -> None:
@@ -51,21 +59,39 @@ def main(argv: list[str] | None = None) -> int:
 
     # init_process_group returns once all `world_size` processes reached the master's store.
     try:
-        ctx = init_distributed(env)
-    except LaunchError as exc:  # e.g. the rendezvous did not complete: one line, no traceback
+        torch.set_num_threads(cpu_threads(env))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        else:
+            check_cuda_usable()
+            device = torch.device("cpu")
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=dist_timeout(),
+            device_id=device if device.type == "cuda" else None,
+        )
+    except LaunchError as exc:
         print(f"hello: {exc}", file=sys.stderr)
         return 2
+    except dist.DistError as exc:  # the rendezvous did not complete: one line, no traceback
+        print(f"hello: {init_error_message(env, exc)}", file=sys.stderr)
+        return 2
     # Make sure the world is really connected: everybody contributes 1, the sum is the size.
-    count = torch.ones(1, device=ctx.device)
+    count = torch.ones(1, device=device)
     dist.all_reduce(count)
     if int(count.item()) != env.world_size:
         print(f"hello: all_reduce counted {int(count.item())} processes, "
               f"expected {env.world_size}", file=sys.stderr)
-        cleanup()
+        dist.destroy_process_group()
         return 1
-    say(f"[{env.master_addr}:{env.master_port}] hello from {env.hostname}:{ctx.backend} "
-          f"process {env.rank}/{env.world_size}")
-    cleanup()
+    say(f"[{env.master_addr}:{env.master_port}] hello from {env.hostname}:{dist.get_backend()} "
+        f"process {env.rank}/{env.world_size}")
+    dist.destroy_process_group()  # frees the group (it is not a barrier)
+    gc.collect()  # what still points at the group goes now, not at exit (lesson 03's train.py)
     return 0
 
 

@@ -31,12 +31,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent.parent)]  # this lesson, and the course root (common/)
-from train import build_model, build_optimizer, load_data  # noqa: E402  (this lesson)
-
-from common.dist import cleanup, init_distributed  # noqa: E402
-from common.env import find_free_port, resolve_launch_env  # noqa: E402
-from common.mnist import load_mnist  # noqa: E402
+sys.path.insert(0, str(HERE.parent.parent))  # the course root (common/)
+from common.env import dist_timeout, find_free_port, resolve_launch_env  # noqa: E402
+from common.mnist import build_model, build_optimizer, load_data, load_mnist  # noqa: E402
 
 GLOBAL_BATCH = 128  # train.py's default
 
@@ -62,10 +59,18 @@ def timed_steps(model, optimizer, x, y, batch, warmup, steps, sync=None) -> floa
     return steps * batch / (time.perf_counter() - t0)
 
 
+def join_group(index: int, nprocs: int):
+    """train.py's set-up, on the CPU with gloo (the benchmark measures this machine)."""
+    env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
+    dist.init_process_group("gloo", init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                            rank=env.rank, world_size=env.world_size, timeout=dist_timeout())
+    return env
+
+
 def _worker(index, nprocs, use_ddp, threads, warmup, steps, results):
     if use_ddp:
-        ctx = init_distributed(resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs))
-    torch.set_num_threads(threads)  # after init_distributed, which sets its own share
+        env = join_group(index, nprocs)
+    torch.set_num_threads(threads)
     x, y, _, _ = load_data(torch.device("cpu"), train_subset=8192, test_subset=1)
     torch.manual_seed(0)
     model = build_model()
@@ -73,9 +78,9 @@ def _worker(index, nprocs, use_ddp, threads, warmup, steps, results):
     batch = GLOBAL_BATCH // nprocs
     if use_ddp:
         rate = timed_steps(DDP(model), optimizer, x, y, batch, warmup, steps, sync=dist.barrier)
-        if ctx.env.rank == 0:
+        if env.rank == 0:
             results.put(rate * nprocs)  # every rank processed `batch` samples per step
-        cleanup()
+        dist.destroy_process_group()
     else:
         results.put(timed_steps(model, optimizer, x, y, batch, warmup, steps))
 
@@ -86,7 +91,7 @@ def _paired_worker(index, threads, warmup, steps, rounds, results):
     On a shared machine the speed changes from minute to minute; alternating short blocks
     exposes both variants to the same conditions, so their ratio is what DDP itself costs.
     """
-    init_distributed(resolve_launch_env(spawn_index=index, spawn_nprocs=1))
+    join_group(index, 1)
     torch.set_num_threads(threads)
     x, y, _, _ = load_data(torch.device("cpu"), train_subset=8192, test_subset=1)
     variants = {}
@@ -103,7 +108,7 @@ def _paired_worker(index, threads, warmup, steps, rounds, results):
             rate = timed_steps(*variants[name], x, y, GLOBAL_BATCH, 0, steps)
             seconds[name] += steps * GLOBAL_BATCH / rate
     results.put({name: rounds * steps * GLOBAL_BATCH / t for name, t in seconds.items()})
-    cleanup()
+    dist.destroy_process_group()
 
 
 def _spawn(fn, nprocs, *args):

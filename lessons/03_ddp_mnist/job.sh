@@ -29,13 +29,17 @@ EPOCHS=${1:-${EPOCHS:-3}}
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 1 ]] || { echo "error: EPOCHS='$EPOCHS' is not a whole number of epochs >= 1: pass e.g. 3 (sbatch lessons/03_ddp_mnist/job.sh 3)" >&2; exit 2; }
 data=${MNIST_DIR:-$COURSE_ROOT/data/mnist}
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-    [[ -f $data/$f ]] || { echo "error: MNIST file $data/$f is missing: prepare the data once, on the login node: python -m common.mnist" >&2; exit 2; }
+    course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist" || exit 2
 done
-# A checkpoint per job unless CHECKPOINT names one. Job ids start again at 1 when a cluster is
-# re-created, so a file that is already there belongs to an older job: move it aside.
+# A checkpoint per job unless CHECKPOINT names one. A job that Slurm requeued (after a node
+# failure, say: JobRequeue=1 is the default) runs again with the same id and
+# SLURM_RESTART_COUNT >= 1: it resumes from its own file. In a first run a file with this id
+# belongs to another job, from before the cluster's ids started again: move it aside.
 if [[ -z ${CHECKPOINT:-} ]]; then
     CHECKPOINT=$COURSE_ROOT/checkpoints/ddp_mnist-$SLURM_JOB_ID.pt
-    if [[ -e $CHECKPOINT ]]; then mv "$CHECKPOINT" "$CHECKPOINT.old"; fi
+    if [[ -e $CHECKPOINT && ${SLURM_RESTART_COUNT:-0} == 0 ]]; then
+        mv "$CHECKPOINT" "$CHECKPOINT.old"
+    fi
 fi
 export EPOCHS CHECKPOINT
 

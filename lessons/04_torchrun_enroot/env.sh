@@ -14,13 +14,28 @@ NPROC_PER_NODE=${SLURM_GPUS_ON_NODE:-2}
 WORLD_SIZE=$((NNODES * NPROC_PER_NODE))
 
 # How long torchrun waits for all nodes to join before giving up (seconds).
-# torchrun's own default is 600-900 s: a node that never arrives would hold the
-# whole allocation for a quarter of an hour before anything is printed.
+# torchrun's own default is 600 s (static and c10d forms alike): a node that never
+# arrives would hold the whole allocation for ten minutes before anything is printed.
 RDZV_TIMEOUT=${TORCHRUN_RDZV_TIMEOUT:-60}
 
 # torchrun writes one stdout/stderr file per worker under this directory,
 # one sub-directory per node, so a failure can be traced to its node.
 LOG_ROOT=${TORCHRUN_LOG_ROOT:-$COURSE_ROOT/runs/lesson04-logs}
+
+# ---- Container runtime ----------------------------------------------------
+# enroot (the default) or apptainer (run_apptainer.sh sets it). A node without it runs
+# torchrun.sh on the host instead.
+CONTAINER_RUNTIME=${COURSE_CONTAINER_RUNTIME:-enroot}
+case $CONTAINER_RUNTIME in
+enroot | apptainer) ;;
+*)
+    echo "error: COURSE_CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not a runtime this lesson knows: use enroot or apptainer (or unset it)." >&2
+    exit 2
+    ;;
+esac
+# Apptainer runs a .sif file, built once from the same image (on a login node):
+#     apptainer pull $HOME/apptainer-images/pytorch-25.01-py3.sif docker://nvcr.io/nvidia/pytorch:25.01-py3
+APPTAINER_IMAGE=${COURSE_APPTAINER_IMAGE:-$HOME/apptainer-images/pytorch-25.01-py3.sif}
 
 # ---- Container (enroot) ---------------------------------------------------
 # Where the image comes from, and the squashfs file `enroot import` turns it
@@ -67,4 +82,4 @@ ENROOT_DRY_RUN=${ENROOT_DRY_RUN:-0}
 
 export NNODES NPROC_PER_NODE WORLD_SIZE RDZV_TIMEOUT LOG_ROOT
 export CONTAINER_URI CONTAINER_IMAGE CONTAINER_NAME CONTAINER_MOUNT
-export CONTAINER_DATA_PATH CONTAINER_CACHE_DIR ENROOT_DRY_RUN
+export CONTAINER_DATA_PATH CONTAINER_CACHE_DIR ENROOT_DRY_RUN CONTAINER_RUNTIME APPTAINER_IMAGE

@@ -15,6 +15,7 @@ set -euo pipefail
 # sbatch runs a copy of this script, so find the course from where it was submitted.
 COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
 [[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
+export COURSE_TORCH_IN_CONTAINER=${COURSE_TORCH_IN_CONTAINER:-1}
 # shellcheck source=common/job_env.sh
 source "$COURSE_ROOT/common/job_env.sh"
 

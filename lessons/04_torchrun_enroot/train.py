@@ -1,9 +1,10 @@
 """Lesson 04: the training script that torchrun starts once per worker process.
 
 torchrun (started once per node by torchrun.sh) sets RANK, LOCAL_RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT for every worker it starts; common/ reads them, so this
-file never looks at the launcher. The model and data are deliberately tiny (a small
-regression on synthetic data): this lesson is about launching, not about the model.
+MASTER_ADDR and MASTER_PORT for every worker it starts; common/env.py reads them (as it reads
+srun's variables in lesson 03), and the set-up below is lesson 03's, line for line. The model
+and data are deliberately tiny (a small regression on synthetic data): this lesson is about
+launching, not about the model.
 
 Single node, no SLURM:
     torchrun --standalone --nproc-per-node 2 lessons/04_torchrun_enroot/train.py
@@ -19,8 +20,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from common.dist import cleanup, init_distributed, print0
-from common.env import LaunchError
+from common.env import (
+    LaunchError,
+    check_cuda_usable,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+    resolve_launch_env,
+)
 
 
 def synthetic_regression(n_samples: int, n_features: int, seed: int) -> TensorDataset:
@@ -44,12 +52,46 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    env = None
     try:
-        ctx = init_distributed()
+        env = resolve_launch_env()  # under torchrun: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*
+        torch.set_num_threads(cpu_threads(env))  # torchrun's OMP_NUM_THREADS, if it set one
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        else:
+            check_cuda_usable()
+            device = torch.device("cpu")
+        # Under torchrun the agent on the first node already hosts the store at MASTER_ADDR:
+        # init_process_group connects to it (TORCHELASTIC_USE_AGENT_STORE) instead of opening it.
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=dist_timeout(),
+            device_id=device if device.type == "cuda" else None,
+        )
     except LaunchError as exc:  # a wrong launch: one line that names the fix, no traceback
         print(f"train.py: {exc}", file=sys.stderr, flush=True)
         return 2
-    env = ctx.env
+    except dist.DistError as exc:
+        print(f"train.py: {init_error_message(env, exc)}", file=sys.stderr, flush=True)
+        return 2
+    try:
+        train(args, env, device)
+    finally:
+        dist.destroy_process_group()
+        gc.collect()  # lesson 03's train.py says why
+    return 0
+
+
+def print0(*args, **kwargs) -> None:
+    if dist.get_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def train(args: argparse.Namespace, env, device: torch.device) -> None:
 
     # One line per process: a reader (or a test) can check that every rank
     # 0..WORLD_SIZE-1 turned up exactly once, and on which node. The processes
@@ -57,7 +99,7 @@ def main() -> int:
     print(
         f"rank {env.rank}/{env.world_size} local_rank {env.local_rank}/{env.local_world_size} "
         f"node_rank {env.node_rank}/{env.num_nodes} host {env.hostname} "
-        f"launcher {env.launcher} backend {ctx.backend} device {ctx.device}\n",
+        f"launcher {env.launcher} backend {dist.get_backend()} device {device}\n",
         end="",
         flush=True,
     )
@@ -69,23 +111,23 @@ def main() -> int:
     sampler = DistributedSampler(dataset, num_replicas=env.world_size, rank=env.rank, seed=0)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler)
 
-    model = nn.Sequential(nn.Linear(args.features, 32), nn.ReLU(), nn.Linear(32, 1)).to(ctx.device)
+    model = nn.Sequential(nn.Linear(args.features, 32), nn.ReLU(), nn.Linear(32, 1)).to(device)
     # DDP copies rank 0's weights to every rank now, and averages the gradients
     # across ranks in backward(), so all replicas take the same step.
-    ddp_model = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+    ddp_model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(ddp_model.parameters(), lr=args.lr)
     loss_fn = nn.MSELoss()
 
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a different shuffle each epoch, the same on every rank
-        total = torch.zeros(2, device=ctx.device)  # [sum of losses, number of samples]
+        total = torch.zeros(2, device=device)  # [sum of losses, number of samples]
         for x, y in loader:
-            x, y = x.to(ctx.device), y.to(ctx.device)
+            x, y = x.to(device), y.to(device)
             optimizer.zero_grad()
             loss = loss_fn(ddp_model(x), y)
             loss.backward()
             optimizer.step()
-            total += torch.stack([loss.detach() * len(x), torch.tensor(len(x), device=ctx.device)])
+            total += torch.stack([loss.detach() * len(x), torch.tensor(len(x), device=device)])
         # Each rank only saw its own shard: sum over ranks for the loss of the whole epoch.
         dist.all_reduce(total)
         print0(f"epoch {epoch} train_loss {(total[0] / total[1]).item():.4f}")
@@ -97,12 +139,6 @@ def main() -> int:
     dist.all_reduce(high, op=dist.ReduceOp.MAX)
     print0(f"weights identical on all {env.world_size} ranks: {bool(low == high)}")
     print0(f"done: world_size {env.world_size} = {env.num_nodes} nodes x {env.local_world_size}")
-    cleanup()
-    # Free what still refers to the (now destroyed) gloo group while Python is
-    # fully alive; left to interpreter shutdown, gloo's threads sometimes abort
-    # the process ("terminate called without an active exception", exit -6).
-    gc.collect()
-    return 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 # Two ways a running job is told to stop, handled alike:
 #   SIGUSR1  the time-limit warning asked for below (--signal=B:USR1@120)
 #   SIGTERM  preemption: a job of a higher-priority partition needs the nodes; SLURM sends
-#            SIGTERM at once and SIGKILL GraceTime seconds later
+#            SIGTERM to the tasks (not to this shell) at once, GraceTime seconds later SIGTERM
+#            to everything, and SIGKILL KillWait seconds after that (measured: README,
+#            "Which process gets which signal")
 # Either way the training saves a checkpoint at its next safe point and exits with 75, and
 # the job is put back in the queue; its next run resumes from the checkpoint.
 #
@@ -78,9 +80,14 @@ done
 
 if (( status == 75 )); then
     # Saved and asked to run again. After a preemption SLURM requeues the job itself
-    # (PreemptMode=REQUEUE); requeueing it here as well does no harm.
+    # (PreemptMode=REQUEUE); requeueing it here as well does no harm. A refused requeue (the
+    # job was cancelled, the site sets JobRequeue=0 and the job has no --requeue, ...) must not
+    # end the job COMPLETED: say so, keep the checkpoint, and exit 75 (the job ends FAILED).
     echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${signalled:+ (after SIG$signalled)}; it resumes from $CHECKPOINT"
-    scontrol requeue "$SLURM_JOB_ID" || true
+    if ! said=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+        echo "error: scontrol requeue $SLURM_JOB_ID was refused (${said//$'\n'/ }): the job ends here, not requeued. The checkpoint $CHECKPOINT is kept: resume it with CHECKPOINT=$CHECKPOINT sbatch lessons/05_fault_tolerance/requeue.sh $EPOCHS" >&2
+        exit 75
+    fi
     exit 0
 fi
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished with status $status"

@@ -17,7 +17,7 @@ The model, the data and the evaluation are lesson 03's. What this file adds:
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import gc
 import os
 import signal
 import socket
@@ -39,18 +39,22 @@ from common.checkpoint import (
     save_checkpoint,
     set_rng_states,
 )
-from common.dist import cleanup, init_distributed, print0
-from common.env import LaunchError
-from common.mnist import MnistDataError
-
-# Lesson 03's train.py, loaded under another name (this file is train.py too).
-_spec = importlib.util.spec_from_file_location(
-    "ddp_mnist", Path(__file__).resolve().parents[1] / "03_ddp_mnist" / "train.py"
+from common.env import (
+    LaunchError,
+    check_cuda_usable,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+    resolve_launch_env,
 )
-ddp_mnist = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(ddp_mnist)
-build_model, build_optimizer = ddp_mnist.build_model, ddp_mnist.build_optimizer
-load_data, evaluate, parse_log = ddp_mnist.load_data, ddp_mnist.evaluate, ddp_mnist.parse_log
+from common.mnist import (  # lesson 03's model, data and evaluation
+    MnistDataError,
+    build_model,
+    build_optimizer,
+    evaluate,
+    load_data,
+)
 
 # "Stopped on request, checkpoint written, run me again": EX_TEMPFAIL from sysexits.h.
 REQUEUE_EXIT_CODE = 75
@@ -60,8 +64,9 @@ CKPT_KEYS = ("model", "optimizer", "scheduler", "epoch", "step", "epoch_loss", "
 class StopRequest:
     """Remembers that a stop was asked for (SIGUSR1: time is running out; SIGTERM: preempted).
 
-    A handler runs between two Python bytecodes, perhaps in the middle of an all_reduce or of
-    writing a checkpoint, so it only sets a flag; the training loop acts on it at safe points.
+    CPython runs a handler in the main thread, between two bytecodes: a blocking call (an
+    all_reduce, a checkpoint being written) delays it until the call returns, and a hung
+    collective prevents it. So it only sets a flag; the training loop acts on it at safe points.
     """
 
     def __init__(self, signums=(signal.SIGUSR1, signal.SIGTERM)):
@@ -146,9 +151,14 @@ def maybe_crash(args, rank: int, epoch: int, step: int, resumed: bool) -> None:
                            f"step {step}")  # fmt: skip
 
 
-def train(args: argparse.Namespace, ctx, stop: StopRequest) -> int:
+def print0(*args, **kwargs) -> None:
+    """print() on rank 0 only: one line per event in the job's output, not one per rank."""
+    if dist.get_rank() == 0:
+        print(*args, **kwargs, flush=True)
+
+
+def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest) -> int:
     """Train or resume until ``args.epochs``; return 0, or REQUEUE_EXIT_CODE when stopped."""
-    env, device = ctx.env, ctx.device
     train_x, train_y, test_x, test_y = load_data(device, args.train_subset, args.test_subset)
     per_rank_batch = max(1, args.batch_size // env.world_size)
     sampler = DistributedSampler(range(len(train_x)), env.world_size, env.rank, seed=args.seed)
@@ -162,13 +172,17 @@ def train(args: argparse.Namespace, ctx, stop: StopRequest) -> int:
     carried = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples so far
     shape = {"world_size": env.world_size, "steps_per_epoch": steps_per_epoch,
              "epochs": args.epochs}  # fmt: skip
-    if args.checkpoint and args.checkpoint.exists():
+    # Rank 0 decides whether to resume and tells the others (lesson 03: a file one node sees
+    # may not be visible yet on another).
+    resume = torch.tensor(int(bool(args.checkpoint and args.checkpoint.exists())), device=device)
+    dist.broadcast(resume, src=0)
+    if resume.item():
         # Same data order and schedule only with the same shape: refuse another one.
         ckpt = load_checkpoint(args.checkpoint, CKPT_KEYS, expect=shape)
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
-        set_rng_states(ckpt["rng"])
+        set_rng_states(ckpt["rng"][env.rank])  # each rank's own generators, as they were
         start_epoch, start_step = ckpt["epoch"], ckpt["step"]
         if env.rank == 0:  # the partial epoch's loss, summed over all ranks when saved
             carried = ckpt["epoch_loss"].to(device)
@@ -178,12 +192,18 @@ def train(args: argparse.Namespace, ctx, stop: StopRequest) -> int:
     settle_gradient_buckets(ddp_model, train_x[:2])
 
     def checkpoint(epoch: int, step: int, epoch_loss: torch.Tensor) -> None:
-        if args.checkpoint and env.rank == 0:
+        if not args.checkpoint:
+            return
+        # Every rank's random generators, not only rank 0's: anything random that differs by
+        # rank (dropout, augmentation) then resumes exactly too.
+        rng = [None] * env.world_size
+        dist.all_gather_object(rng, rng_states())
+        if env.rank == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
                      "scheduler": scheduler.state_dict(), "epoch": epoch, "step": step,
-                     "epoch_loss": epoch_loss.cpu(), "rng": rng_states(), **shape}  # fmt: skip
+                     "epoch_loss": epoch_loss.cpu(), "rng": rng, **shape}  # fmt: skip
             save_checkpoint(args.checkpoint, state)
-        dist.barrier()  # nobody exits, or reads the file, before it is complete
+        dist.barrier()  # nobody goes on, exits or reads the file before it is complete
 
     print0(f"training {args.epochs} epochs on {len(train_x)} images, world size "
            f"{env.world_size}, {steps_per_epoch} steps per epoch, device {device}")  # fmt: skip
@@ -220,7 +240,7 @@ def train(args: argparse.Namespace, ctx, stop: StopRequest) -> int:
         train_time = time.perf_counter() - t0
         dist.all_reduce(epoch_loss)
         for buffer in model.buffers():  # evaluate and save rank 0's BatchNorm statistics
-            dist.broadcast(buffer, src=0)
+            dist.broadcast(buffer, src=0)  # (lesson 03's train.py says why)
         test_loss, test_acc = evaluate(model, test_x, test_y)
         train_loss = (epoch_loss[0] / epoch_loss[1]).item()
         print0(f"epoch {epoch + 1}/{args.epochs} | train_loss {train_loss:.4f} "
@@ -245,17 +265,37 @@ def main(argv=None) -> int:
     # Listen before anything else: the default action of both signals ends the process,
     # even while it still waits for the other ranks to start.
     stop = StopRequest()
+    env = None
     try:
-        ctx = init_distributed()
+        # The set-up of lesson 03's train.py: who am I, which device, join the group.
+        env = resolve_launch_env()
+        torch.set_num_threads(cpu_threads(env))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        else:
+            check_cuda_usable()
+            device = torch.device("cpu")
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=dist_timeout(),
+            device_id=device if device.type == "cuda" else None,
+        )
     except LaunchError as exc:  # no process group, so no rank 0 to leave it to: each says it
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
+    except dist.DistError as exc:
+        print(f"error: {init_error_message(env, exc)}", file=sys.stderr, flush=True)
+        return 2
     try:
-        if ctx.device.type == "cuda":
+        if device.type == "cuda":
             # On the CPU the kernels used here already give the same bits every run; asking
             # anyway would cost every process seconds (torch loads its compiler package).
             make_deterministic()
-        return train(args, ctx, stop)
+        return train(args, env, device, stop)
     except (LaunchError, MnistDataError, CheckpointError) as exc:
         # Every rank meets the same problem; rank 0 says it, and the others wait until it has
         # (torchrun stops every rank as soon as one of them exits).
@@ -263,7 +303,10 @@ def main(argv=None) -> int:
         dist.barrier()
         return 2
     finally:
-        cleanup()
+        dist.destroy_process_group()  # frees the group's resources (it is not a barrier)
+        # What still points at the destroyed group (DDP's reducer, in reference cycles) is
+        # freed now: left to interpreter exit, gloo's threads can abort the process (exit -6).
+        gc.collect()
 
 
 if __name__ == "__main__":

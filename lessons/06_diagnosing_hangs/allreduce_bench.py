@@ -21,6 +21,7 @@ large ones measure bandwidth (time grows with size).
 from __future__ import annotations
 
 import argparse
+import gc
 import re
 import sys
 import time
@@ -28,8 +29,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from common.dist import cleanup, init_distributed
-from common.env import LaunchError
+from common.env import (
+    LaunchError,
+    check_cuda_usable,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+    resolve_launch_env,
+)
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
@@ -114,31 +122,53 @@ def main(argv: list[str] | None = None) -> int:
     if args.min_bytes < 4 or args.max_bytes < args.min_bytes:
         parser.error("--min-bytes must be at least 4 and not above --max-bytes")
 
+    env = None
     try:
-        ctx = init_distributed()
+        env = resolve_launch_env()
+        torch.set_num_threads(cpu_threads(env))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        else:
+            check_cuda_usable()
+            device = torch.device("cpu")
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=dist_timeout(),
+            device_id=device if device.type == "cuda" else None,
+        )
     except LaunchError as exc:
         print(f"allreduce_bench: {exc}", file=sys.stderr)
         return 2
-    env, n = ctx.env, ctx.env.world_size
-    if ctx.is_main:
-        print(f"# all_reduce, {ctx.backend}, {n} ranks on {env.num_nodes} node(s), float32, "
+    except dist.DistError as exc:
+        print(f"allreduce_bench: {init_error_message(env, exc)}", file=sys.stderr)
+        return 2
+    n, is_main = env.world_size, env.rank == 0
+    if is_main:
+        print(f"# all_reduce, {dist.get_backend()}, {n} ranks on {env.num_nodes} node(s), float32, "
               f"sum; time per call as the slowest rank saw it", flush=True)
         print(f"# {'size (B)':>12} {'count':>10} {'time (us)':>11} {'algbw (GB/s)':>13} "
               f"{'busbw (GB/s)':>13}", flush=True)
     for size in sizes(args.min_bytes, args.max_bytes):
-        buffer = torch.ones(size // 4, dtype=torch.float32, device=ctx.device)
+        buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
         seconds = time_allreduce(buffer, iterations_for(size))
         algbw = size / seconds / 1e9
-        if ctx.is_main:
+        if is_main:
             print(f"  {size:>12} {size // 4:>10} {seconds * 1e6:>11.1f} {algbw:>13.3f} "
                   f"{busbw(algbw, n):>13.3f}", flush=True)
         del buffer
-    if ctx.is_main:
-        copy = memcpy_bandwidth(args.max_bytes, ctx.device) / 1e9
-        print(f"# memory copy on {env.hostname} ({ctx.device.type}, {args.max_bytes} B, one "
-              f"process): {copy:.3f} GB/s, the ceiling for traffic between processes of one "
-              f"machine", flush=True)
-    cleanup()
+    if is_main:
+        copy = memcpy_bandwidth(args.max_bytes, device) / 1e9
+        limit = ("the ceiling for gloo's traffic between processes of one machine"
+                 if device.type == "cpu" else "for scale: between GPUs the links (NVLink, "
+                 "InfiniBand) set the limit")  # fmt: skip
+        print(f"# memory copy on {env.hostname} ({device.type}, {args.max_bytes} B, one "
+              f"process): {copy:.3f} GB/s, {limit}", flush=True)
+    dist.destroy_process_group()  # frees the group (it is not a barrier)
+    gc.collect()  # what still points at the group goes now, not at exit (lesson 03's train.py)
     return 0
 
 

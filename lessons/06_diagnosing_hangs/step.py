@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import os
 import signal
 import sys
@@ -25,8 +26,15 @@ import time
 import torch
 import torch.distributed as dist
 
-from common.dist import cleanup, init_distributed
-from common.env import LaunchError, resolve_launch_env
+from common.env import (
+    LaunchError,
+    check_cuda_usable,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+    resolve_launch_env,
+)
 
 
 def say(env, text: str) -> None:
@@ -76,12 +84,29 @@ def main(argv: list[str] | None = None) -> int:
     shard = load_shard(env.rank, args.crash_rank)  # the crash happens here, before the group
 
     try:
-        ctx = init_distributed(env)
+        torch.set_num_threads(cpu_threads(env))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        else:
+            check_cuda_usable()
+            device = torch.device("cpu")
+        dist.init_process_group(
+            backend="nccl" if device.type == "cuda" else "gloo",
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=dist_timeout(),
+            device_id=device if device.type == "cuda" else None,
+        )
     except LaunchError as exc:
         print(f"step: {exc}", file=sys.stderr, flush=True)
         return 2
+    except dist.DistError as exc:  # the others did not all arrive within the timeout
+        print(f"step: {init_error_message(env, exc)}", file=sys.stderr, flush=True)
+        return 2
     for step in range(args.steps):
-        grad = shard.to(ctx.device) * (env.rank + 1)  # on the GPU with NCCL, else the CPU
+        grad = shard.to(device) * (env.rank + 1)  # on the GPU with NCCL, else the CPU
         if step == 2 and env.rank == args.hang_rank:
             say(env, f"step {step}: stuck before the all_reduce")
             wait_for_lock_forever()
@@ -89,8 +114,12 @@ def main(argv: list[str] | None = None) -> int:
             dist.broadcast(grad, src=0)  # the others are in all_reduce: a different collective
         else:
             dist.all_reduce(grad)  # sums every rank's gradient; waits for all of them
-        say(env, f"step {step}: all_reduce done")
-    cleanup()
+        # On a GPU (NCCL) a collective returns as soon as it is queued on the device, not
+        # when it is done: reading a value back waits for it, as the next real step would.
+        total = grad[0].item()
+        say(env, f"step {step}: all_reduce done ({total:g})")
+    dist.destroy_process_group()  # frees the group (it is not a barrier)
+    gc.collect()  # what still points at the group goes now, not at exit (lesson 03's train.py)
     faulthandler.cancel_dump_traceback_later()
     return 0
 

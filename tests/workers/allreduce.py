@@ -1,4 +1,4 @@
-"""Join the process group through common.dist, all_reduce the ranks, print one JSON line.
+"""Join the process group as the lessons do, all_reduce the ranks, print one JSON line.
 
 Started by tests/test_process_groups.py through torchrun, torch.distributed.launch, plain
 environment variables or (with --spawn N) torch.multiprocessing.spawn.
@@ -13,27 +13,33 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from common.env import resolve_launch_env  # noqa: E402
 
-# torch (and common.dist, which needs it) is imported where it is used, after the layout has
-# been checked: a refusal (say, a double spawn) then costs no torch import (~2 s of CPU).
+# torch is imported where it is used, after the layout has been checked: a refusal (say, a
+# double spawn) then costs no torch import (~2 s of CPU).
 
 
 def work(env):
     import torch
+    import torch.distributed as dist
 
-    from common.dist import cleanup, init_distributed, print0
+    from common.env import cpu_threads, dist_timeout
 
-    ctx = init_distributed(env)  # timeout from COURSE_DIST_TIMEOUT
+    torch.set_num_threads(cpu_threads(env))
+    dist.init_process_group("gloo", init_method=f"tcp://{env.master_addr}:{env.master_port}",
+                            rank=env.rank, world_size=env.world_size,
+                            timeout=dist_timeout())  # fmt: skip
     try:
-        print0(f"print0 from rank {ctx.env.rank}")
-        value = torch.tensor([float(ctx.env.rank + 1)])
-        torch.distributed.all_reduce(value)
-        info = {"backend": ctx.backend, "sum": value.item(), "threads": torch.get_num_threads()}
-        line = json.dumps({**ctx.env.as_dict(), **info})
+        if env.rank == 0:
+            print(f"rank 0 of {env.world_size} joined", flush=True)
+        value = torch.tensor([float(env.rank + 1)])
+        dist.all_reduce(value)
+        info = {"backend": dist.get_backend(), "sum": value.item(),
+                "threads": torch.get_num_threads()}  # fmt: skip
+        line = json.dumps({**env.as_dict(), **info})
         # One write per line: ranks share the pipe, so a separate newline could interleave.
         sys.stdout.write(line + "\n")
         sys.stdout.flush()
     finally:
-        cleanup()
+        dist.destroy_process_group()
 
 
 def spawned(index, nprocs):
