@@ -56,9 +56,10 @@ static)
 rdzv)
     need RDZV_ID
     # Elastic (c10d) rendezvous: every node names the same endpoint and run id;
-    # the agent on MASTER_ADDR hosts the store, and node ranks are handed out as
-    # nodes arrive, so nobody has to compute a node rank. join_timeout bounds the
-    # wait for the missing ones.
+    # the agent on MASTER_ADDR hosts the store. Once all have joined, torch gives
+    # out the node ranks in the sorted order of the nodes' host names (not by
+    # arrival, not by SLURM_NODEID: node10 sorts before node2), so nobody has to
+    # compute a node rank. join_timeout bounds the wait for the missing ones.
     cmd=(torchrun
         --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE"
         --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$RDZV_ID"
