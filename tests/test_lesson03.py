@@ -123,6 +123,34 @@ def test_killed_after_first_checkpoint_resumes_at_the_epoch_boundary(tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.timeout(TIMEOUT * 2 + 30)
+def test_rank_0_alone_decides_whether_to_resume(tmp_path):
+    """A checkpoint that rank 1 sees and rank 0 does not (a shared filesystem whose caches
+    disagree, made here with two paths): rank 0 decides, and both start at epoch 1 together.
+    Deciding each for itself, rank 1 would skip an epoch and the ranks' collectives would pair
+    across epochs."""
+    ckpt = tmp_path / "seen-by-rank-1.pt"
+    done = run_train(1, "--epochs", "2", *SUBSET, "--checkpoint", str(ckpt), "--log-every", "99")
+    assert done.returncode == 0 and ckpt.exists(), done.stdout + done.stderr
+    torch.save({**load(ckpt), "epoch": 1}, ckpt)  # as if stopped after epoch 1
+    from common.env import find_free_port
+
+    world = {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(find_free_port())}  # fmt: skip
+    paths = [tmp_path / "not-there.pt", ckpt]
+    ranks = [subprocess.Popen(command("--epochs", "2", *SUBSET, "--checkpoint", str(paths[r])),
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_environ(RANK=str(r), LOCAL_RANK=str(r), **world))
+             for r in range(2)]  # fmt: skip
+    try:
+        outs = [r.communicate(timeout=TIMEOUT) for r in ranks]
+    finally:
+        for r in ranks:
+            r.kill()
+    assert [r.returncode for r in ranks] == [0, 0], outs
+    assert "resumed" not in outs[0][0] and [r["epoch"] for r in parse_log(outs[0][0])] == [1, 2]
+
+
 @pytest.mark.timeout(TIMEOUT + 30)
 @pytest.mark.parametrize("kind", ["garbage", "another_run"])
 def test_bad_checkpoint_is_one_line_printed_once(tmp_path, kind):
