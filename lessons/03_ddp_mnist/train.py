@@ -40,9 +40,10 @@ from common.mnist import MnistDataError, build_model, build_optimizer, evaluate,
 
 
 def print0(*args, **kwargs) -> None:
-    """print() on rank 0 only: one line per event in the job's output, not one per rank."""
+    """print() on rank 0 only, in one write: the ranks (and torchrun's log prefixes) share the
+    job's output, and a newline written on its own could land among another process's lines."""
     if dist.get_rank() == 0:
-        print(*args, **kwargs, flush=True)
+        print(" ".join(map(str, args)) + "\n", end="", flush=True, **kwargs)
 
 
 def parse_args(argv=None) -> argparse.Namespace:

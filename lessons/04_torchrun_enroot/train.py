@@ -87,8 +87,10 @@ def main() -> int:
 
 
 def print0(*args, **kwargs) -> None:
+    """print() on rank 0 only, in one write: the ranks (and torchrun's log prefixes) share the
+    job's output, and a newline written on its own could land among another process's lines."""
     if dist.get_rank() == 0:
-        print(*args, **kwargs, flush=True)
+        print(" ".join(map(str, args)) + "\n", end="", flush=True, **kwargs)
 
 
 def train(args: argparse.Namespace, env, device: torch.device) -> None:

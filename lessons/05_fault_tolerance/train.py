@@ -152,9 +152,10 @@ def maybe_crash(args, rank: int, epoch: int, step: int, resumed: bool) -> None:
 
 
 def print0(*args, **kwargs) -> None:
-    """print() on rank 0 only: one line per event in the job's output, not one per rank."""
+    """print() on rank 0 only, in one write: the ranks (and torchrun's log prefixes) share the
+    job's output, and a newline written on its own could land among another process's lines."""
     if dist.get_rank() == 0:
-        print(*args, **kwargs, flush=True)
+        print(" ".join(map(str, args)) + "\n", end="", flush=True, **kwargs)
 
 
 def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest) -> int:
