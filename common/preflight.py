@@ -148,7 +148,8 @@ def interfaces() -> list[dict]:
     """
     found = []
     for _, name in socket.if_nameindex():
-        entry = {"name": name, "ipv4": None, "up": None, "loopback": name == "lo"}
+        entry = {"name": name, "ipv4": None, "netmask": None, "up": None,
+                 "loopback": name == "lo"}  # fmt: skip
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             packed = struct.pack("256s", name.encode()[:15])
             with contextlib.suppress(OSError, AttributeError):
@@ -158,6 +159,8 @@ def interfaces() -> list[dict]:
             with contextlib.suppress(OSError, AttributeError):
                 addr = fcntl.ioctl(s.fileno(), 0x8915, packed)[20:24]  # SIOCGIFADDR
                 entry["ipv4"] = socket.inet_ntoa(addr)
+                mask = fcntl.ioctl(s.fileno(), 0x891B, packed)[20:24]  # SIOCGIFNETMASK
+                entry["netmask"] = socket.inet_ntoa(mask)
         found.append(entry)
     return found
 
@@ -327,6 +330,7 @@ class Facts:
     interfaces: list
     route: dict
     problems: list
+    ifname_vars: dict = dataclasses.field(default_factory=dict)  # NCCL_/GLOO_SOCKET_IFNAME
     clock: dict | None = None  # this clock minus rank 0's, and the error bound, seconds
     connect_s: float | None = None
 
@@ -352,6 +356,7 @@ def local_facts(env: LaunchEnv, environ: Mapping[str, str]) -> Facts:
         interfaces=ifaces,
         route={"master_ips": ips, "local_ip": route_ip, "iface": route_if},
         problems=found,
+        ifname_vars={v: environ[v] for v in IFNAME_VARS if environ.get(v)},
     )
 
 
@@ -398,6 +403,12 @@ def compare(
             for what, hosts in downgraded.items()
         )
 
+    if not shared and 0 in reports:
+        for r in ranks:
+            if reports[r]["network"] != reports[0]["network"]:
+                found += [(reports[r]["host"], r, p)
+                          for p in named_networks(reports[r], reports[0])]  # fmt: skip
+
     # Versions: the same everywhere, else name each variant with where it runs.
     for key in ("torch", "cuda", "nccl", "python"):
         variants: dict[str, list[int]] = {}
@@ -439,6 +450,35 @@ def compare(
         for (what, fix), (hosts, rs) in merged.items()
     ]
     return problems, notes
+
+
+def _networks(report: Mapping, spec: str, var: str) -> list[ipaddress.IPv4Network]:
+    """The IPv4 networks of the interfaces that ``var``=``spec`` selects in ``report``."""
+    ifaces = [i for i in report["interfaces"] if i.get("ipv4") and i.get("netmask")]
+    chosen = (nccl_ifname_matches if var.startswith("NCCL") else gloo_ifname_matches)(
+        spec, [i["name"] for i in ifaces])
+    return [ipaddress.IPv4Network(f"{i['ipv4']}/{i['netmask']}", strict=False)
+            for i in ifaces if i["name"] in chosen]  # fmt: skip
+
+
+def named_networks(report: Mapping, rank0: Mapping) -> list[Problem]:
+    """A task on another node than rank 0 whose NCCL_/GLOO_SOCKET_IFNAME interface is on no
+    network that rank 0's own choice is on: the backend's connections between them go over
+    interfaces that do not see each other (existence alone was checked on each node)."""
+    found = []
+    for var, spec in report.get("ifname_vars", {}).items():
+        mine = _networks(report, spec, var)
+        theirs = _networks(rank0, rank0.get("ifname_vars", {}).get(var, spec), var)
+        if mine and theirs and not set(mine) & set(theirs):
+            found.append(problem(
+                f"{var}={spec} selects {', '.join(map(str, mine))} here, but on rank 0's node "
+                f"({rank0['host']}) it selects {', '.join(map(str, theirs))}: no network in "
+                f"common, so the backend's connections between them may not get through",
+                f"export {var}=<the interface on the network the nodes share> on every node "
+                f"(if your site routes between these networks, check with the all_reduce below)",
+                needs_separate_hosts=True,
+            ))  # fmt: skip
+    return found
 
 
 def _hosts_of(reports: Mapping[int, Mapping], ranks: Iterable[int]) -> str:
@@ -694,14 +734,21 @@ def _summary(env: LaunchEnv, reports: Mapping[int, Mapping], timeout: float) -> 
 # --------------------------------------------------------------------------- all_reduce
 
 
-def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tuple[str, str]:
-    """Join a gloo group at the master address and sum one number; ('', summary) or (error, '').
+def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5,
+                   backend: str = "gloo") -> tuple[str, str]:  # fmt: skip
+    """Join a group at the master address and sum one number; ('', summary) or (error, '').
 
-    gloo, whatever the real job uses: it needs no GPU, and it is the backend whose socket
-    interface (GLOO_SOCKET_IFNAME) and host name resolution the preflight just looked at.
+    gloo first, whatever the real job uses: it needs no GPU, and it is the backend whose socket
+    interface (GLOO_SOCKET_IFNAME) and host name resolution the preflight just looked at. Then,
+    where CUDA is there, NCCL on this rank's GPU (NCCL_SOCKET_IFNAME, its transports).
     """
     import torch
     import torch.distributed as dist
+
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+        torch.cuda.set_device(device)
 
     start = time.monotonic()
     try:
@@ -711,10 +758,11 @@ def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tu
         store = dist.TCPStore(env.master_addr, env.master_port, env.world_size,
                               is_master=env.rank == 0, timeout=bound)  # fmt: skip
         dist.init_process_group(
-            "gloo", store=store, rank=env.rank, world_size=env.world_size, timeout=bound
+            backend, store=store, rank=env.rank, world_size=env.world_size, timeout=bound,
+            device_id=device if backend == "nccl" else None,
         )
         joined = time.monotonic() - start
-        x = torch.ones(1)
+        x = torch.ones(1, device=device)
         t = time.monotonic()
         dist.all_reduce(x)
         first = time.monotonic() - t
@@ -727,7 +775,7 @@ def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tu
         if int(x.item()) != expect:
             return f"all_reduce summed to {int(x.item())}, expected {expect}", ""
         best = min(times)
-        return "", (f"all_reduce (gloo, {env.world_size} ranks, 1 float): joined in "
+        return "", (f"all_reduce ({backend}, {env.world_size} ranks, 1 float): joined in "
                     f"{joined * 1000:.0f} ms, first {first * 1000:.1f} ms, then "
                     f"{best * 1000:.2f} ms")
     except Exception as exc:  # noqa: BLE001 - any failure of the group is the finding
@@ -737,6 +785,19 @@ def tiny_allreduce(env: LaunchEnv, timeout: float, *, iterations: int = 5) -> tu
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
         gc.collect()  # what points at the group goes now, not at exit (lesson 03's train.py)
+
+
+def nccl_allreduce(env: LaunchEnv, timeout: float) -> tuple[str, str]:
+    """The same on the GPUs with NCCL where torch sees CUDA; else a plain line that it was not
+    checked (a gloo that works says nothing about NCCL's transports)."""
+    import torch
+
+    if not (torch.cuda.is_available() and torch.distributed.is_nccl_available()):
+        why = "no CUDA device here" if not torch.cuda.is_available() else "no NCCL in this torch"
+        return "", f"NCCL not checked: {why} (the gloo all_reduce above is all this checks)"
+    # A second group on the next port: rank 0's store of the first is gone with its group.
+    return tiny_allreduce(dataclasses.replace(env, master_port=env.master_port % 65535 + 1),
+                          timeout, backend="nccl")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- main
@@ -871,6 +932,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )))  # fmt: skip
         elif env.rank == 0:
             say(f"{PREFIX} {summary}")
+        if not error:
+            error, summary = nccl_allreduce(env, min(timeout, 10.0))
+            failed = failed or bool(error)
+            if error:
+                say(problem_line(env.hostname, [env.rank], problem(
+                    f"the NCCL all_reduce failed within {min(timeout, 10.0):g} s: {error}",
+                    "gloo got through, so look at NCCL's own choice: NCCL_SOCKET_IFNAME, "
+                    "NCCL_DEBUG=INFO (lesson 06), the GPUs each task sees",
+                )))  # fmt: skip
+            elif env.rank == 0:
+                say(f"{PREFIX} {summary}")
     elif env.rank != 0 and not outcome.run_allreduce:
         failed = True  # rank 0 printed the problems
 
