@@ -8,18 +8,19 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data cluster-up cluster-down test lint demo bench clean
+.PHONY: help setup system venv data container cluster-up cluster-down test lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
 	@echo "make test          the whole test suite (installs what it needs)"
-	@echo "make setup         system packages, .venv, MNIST data, local cluster"
+	@echo "make setup         system packages, .venv, MNIST data, container image, local cluster"
+	@echo "make container     lesson 04's Charliecloud image (built once, reused after)"
 	@echo "make cluster-up    start the local cluster (cluster/up.sh; NODES=3 GPUS=1 to reshape)"
 	@echo "make cluster-down  stop it (cluster/down.sh)"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
 
-setup: system venv data cluster-up
+setup: system venv data container cluster-up
 
 # Debian packages: SLURM and munge (cluster/up.sh installs them when missing) and shellcheck.
 system:
@@ -38,6 +39,11 @@ $(VENV)/.installed: requirements.txt
 
 data: venv
 	$(PY) -m common.mnist
+
+# Lesson 04's Charliecloud image (Debian 12 + torch, a directory under /var/cache/course-charliecloud):
+# built once (about a minute; installs charliecloud and debootstrap when missing), reused after.
+container:
+	bash lessons/04_torchrun_enroot/charliecloud_image.sh
 
 NODES ?= 2
 GPUS ?= 2

@@ -1,5 +1,6 @@
 # shellcheck shell=bash
-# Lesson 04 settings, sourced by the job scripts (run_script.sh, run_rdzv.sh, run_standalone.sh).
+# Lesson 04 settings, sourced by the job scripts (run_script.sh, run_rdzv.sh, run_standalone.sh,
+# run_apptainer.sh, run_charliecloud.sh).
 # Edit them here, or override the COURSE_* / ENROOT_* / TORCHRUN_* ones at submit time, e.g.
 #     COURSE_CONTAINER_NAME=my-torch sbatch lessons/04_torchrun_enroot/run_script.sh
 
@@ -23,16 +24,19 @@ RDZV_TIMEOUT=${TORCHRUN_RDZV_TIMEOUT:-60}
 LOG_ROOT=${TORCHRUN_LOG_ROOT:-$COURSE_ROOT/runs/lesson04-logs}
 
 # ---- Container runtime ----------------------------------------------------
-# enroot (the default) or apptainer (run_apptainer.sh sets it). A node without it runs
-# torchrun.sh on the host instead.
+# enroot (the default), apptainer (run_apptainer.sh sets it) or charliecloud
+# (run_charliecloud.sh). A node without its command runs torchrun.sh on the host instead.
 CONTAINER_RUNTIME=${COURSE_CONTAINER_RUNTIME:-enroot}
 case $CONTAINER_RUNTIME in
-enroot | apptainer) ;;
+enroot | apptainer) CONTAINER_COMMAND=$CONTAINER_RUNTIME ;;
+charliecloud) CONTAINER_COMMAND=ch-run ;;
 *)
-    echo "error: COURSE_CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not a runtime this lesson knows: use enroot or apptainer (or unset it)." >&2
+    echo "error: COURSE_CONTAINER_RUNTIME='$CONTAINER_RUNTIME' is not a runtime this lesson knows: use enroot, apptainer or charliecloud (or unset it)." >&2
     exit 2
     ;;
 esac
+# Charliecloud runs an image directory, built once by charliecloud_image.sh (make container).
+CHARLIECLOUD_IMAGE=${COURSE_CHARLIECLOUD_IMAGE:-/var/cache/course-charliecloud/bookworm-torch-2.13.0}
 # Apptainer runs a .sif file, built once from the same image (on a login node):
 #     apptainer pull $HOME/apptainer-images/pytorch-25.01-py3.sif docker://nvcr.io/nvidia/pytorch:25.01-py3
 APPTAINER_IMAGE=${COURSE_APPTAINER_IMAGE:-$HOME/apptainer-images/pytorch-25.01-py3.sif}
@@ -83,3 +87,4 @@ ENROOT_DRY_RUN=${ENROOT_DRY_RUN:-0}
 export NNODES NPROC_PER_NODE WORLD_SIZE RDZV_TIMEOUT LOG_ROOT
 export CONTAINER_URI CONTAINER_IMAGE CONTAINER_NAME CONTAINER_MOUNT
 export CONTAINER_DATA_PATH CONTAINER_CACHE_DIR ENROOT_DRY_RUN CONTAINER_RUNTIME APPTAINER_IMAGE
+export CONTAINER_COMMAND CHARLIECLOUD_IMAGE

@@ -7,7 +7,8 @@
 #SBATCH --mem=16G
 #SBATCH --time=00:10:00
 # Lesson 04: torchrun on every node, in an enroot container when the node has enroot
-# (or, with COURSE_CONTAINER_RUNTIME=apptainer, an Apptainer one: run_apptainer.sh).
+# (or, with COURSE_CONTAINER_RUNTIME=apptainer, an Apptainer one: run_apptainer.sh; with
+# COURSE_CONTAINER_RUNTIME=charliecloud, a Charliecloud one: run_charliecloud.sh).
 #     sbatch lessons/04_torchrun_enroot/run_script.sh
 # One SLURM task per node (--ntasks-per-node=1): that task is torchrun, and
 # torchrun starts one worker per GPU itself. Asking SLURM for a task per GPU as
@@ -119,9 +120,55 @@ ensure_enroot_container() {
     [[ $ENROOT_DRY_RUN == 1 ]] || echo "$image_id" >"$marker"
 }
 
+# start_charliecloud HOST NAME...: torchrun.sh inside `ch-run` with the image directory.
+# ch-run passes the host's whole environment in by default (ch-run(1), "Environment variables"):
+# the host venv's PATH and VIRTUAL_ENV would then pick the host's Python inside. So
+# --unset-env='*' clears it, and --set-env=FILE hands in the same names as for enroot, as
+# NAME='value' lines (ch-run strips the quotes; --env-no-expand keeps a '$' in a value as it is).
+# ch-run mounts a host folder only onto a folder the image has (it is read-only at run time):
+# the course and the log folder are reached through their top folder (/work, /home, ...),
+# which the image keeps empty for that; /tmp is the host's /tmp already.
+start_charliecloud() {
+    local host=$1 name top path tops=" " env_file=$LOG_DIR/$1.charliecloud.env
+    shift
+    local -a binds=()
+    for name in COURSE_ROOT LOG_DIR; do
+        path=${!name}
+        top=${path#/}
+        top=/${top%%/*}
+        [[ $top == /tmp || $tops == *" $top "* ]] && continue
+        if [[ ! -d $CHARLIECLOUD_IMAGE$top || -n $(ls -A "$CHARLIECLOUD_IMAGE$top") ]]; then
+            echo "error: $host: $name='$path' is under $top, and the Charliecloud image $CHARLIECLOUD_IMAGE has no empty $top to bind it onto (ch-run mounts host folders only onto folders the image has): put it under /home, /work, /scratch, /project, /data or /tmp, or add $top to MOUNT_POINTS in charliecloud_image.sh and build the image again." >&2
+            return 2
+        fi
+        tops+="$top "
+        binds+=(-b "$top:$top")
+    done
+    mkdir -p "$LOG_DIR"
+    {
+        echo "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        echo "PYTHONPATH='$COURSE_ROOT'"
+        for name in "$@"; do
+            [[ ${!name} == *$'\n'* ]] || echo "$name='${!name}'" # one line per variable
+        done
+    } >"$env_file"
+    echo "$host: ch-run environment ($env_file): PATH PYTHONPATH $*"
+    # ch-run needs USER (it stops with "$USER not set"); without TMPDIR it binds the host's
+    # /tmp at /tmp.
+    export USER=${USER:-$(id -un)}
+    local run=(env -u TMPDIR ch-run --unset-env='*' --env-no-expand --set-env="$env_file"
+        "${binds[@]}" -c "$COURSE_ROOT" "$CHARLIECLOUD_IMAGE" --)
+    local found
+    found=$(python3 -c 'import importlib.util as u; s = u.find_spec("torch"); print(s.origin if s else "none")' 2>/dev/null || echo none)
+    echo "$host: host: $(command -v python3), torch: $found"
+    run_or_print "${run[@]}" python3 -c 'import sys, torch
+print(f"{sys.argv[1]}: image: {sys.executable}, torch {torch.__version__}: {torch.__file__}")' "$host"
+    run_or_print "${run[@]}" bash "$LESSON_DIR/torchrun.sh" "$TORCHRUN_FORM"
+}
+
 # start_on_this_node: take this node's rank from SLURM on the host (where the SLURM
 # variables exist), then run torchrun.sh inside the container if the container runtime
-# (enroot, or apptainer) is installed here, or on the host if not.
+# (enroot, apptainer or ch-run) is installed here, or on the host if not.
 start_on_this_node() {
     # The node rank torchrun's static form needs is this node's position in the
     # job's node list. SLURM hands it to every task as SLURM_NODEID, and the node's
@@ -132,8 +179,8 @@ start_on_this_node() {
     export NODE_RANK
     echo "$host: node rank $NODE_RANK (SLURM_NODEID)"
 
-    if ! command -v "$CONTAINER_RUNTIME" >/dev/null; then
-        echo "$host: $CONTAINER_RUNTIME is not installed on this node; running torchrun.sh on the host"
+    if ! command -v "$CONTAINER_COMMAND" >/dev/null; then
+        echo "$host: $CONTAINER_COMMAND is not installed on this node; running torchrun.sh on the host"
         course_require_host_torch "$host: torchrun.sh on the host"
         bash "$LESSON_DIR/torchrun.sh" "$TORCHRUN_FORM"
         return
@@ -164,6 +211,11 @@ start_on_this_node() {
         run_or_print apptainer exec --cleanenv --env-file "$env_file" "${nv[@]}" \
             --bind "$COURSE_ROOT:$COURSE_ROOT" --pwd "$COURSE_ROOT" "$APPTAINER_IMAGE" \
             bash "$LESSON_DIR/torchrun.sh" "$TORCHRUN_FORM"
+        return
+    fi
+
+    if [[ $CONTAINER_RUNTIME == charliecloud ]]; then
+        start_charliecloud "$host" "${names[@]}"
         return
     fi
 
@@ -203,7 +255,7 @@ fi
 # index here), --kill-on-bad-exit stops the other nodes when one fails.
 # --cpus-per-task again: Slurm 22.05-23.02's srun does not inherit it from the job.
 srun --ntasks-per-node=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" --label --kill-on-bad-exit=1 \
-    bash -c "set -euo pipefail; $(declare -f run_or_print course_require_host_torch container_env_names ensure_enroot_container start_on_this_node); start_on_this_node"
+    bash -c "set -euo pipefail; $(declare -f run_or_print course_require_host_torch container_env_names ensure_enroot_container start_charliecloud start_on_this_node); start_on_this_node"
 
 if [[ $ENROOT_DRY_RUN != 1 ]]; then
     echo "torchrun's per-worker logs:"
