@@ -653,6 +653,10 @@ def meet(env: LaunchEnv, own: Facts, timeout: float, max_skew: float) -> Outcome
                     "distinct ranks",
                 )))  # fmt: skip
             outcome = Outcome(problems, notes, run_allreduce=not problems)
+            # Stop listening before the others hear the verdict: they go on to the all_reduce's
+            # store on this same port, and a connection left in this socket's backlog would be
+            # reset when it closes (torch prints "recvValue failed ... Connection reset").
+            server.sock.close()
             server.tell_all({"problems": len(problems), "allreduce": outcome.run_allreduce})
             outcome.notes[:0] = _summary(env, server.reports, timeout)
             return outcome
