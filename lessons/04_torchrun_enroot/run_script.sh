@@ -110,6 +110,9 @@ ensure_enroot_container() {
     if [[ -d $CONTAINER_CACHE_DIR ]]; then
         if [[ -z $recorded ]]; then
             echo "error: $host: $CONTAINER_CACHE_DIR exists but this lesson did not create it (no $marker): remove it (enroot remove $CONTAINER_NAME) or choose another COURSE_CONTAINER_NAME, then submit again." >&2
+            # srun --kill-on-bad-exit ends the step as soon as this task exits, and can drop
+            # the task's last output with it (seen once in the tests): give the line a second.
+            sleep 1
             return 2
         fi
         echo "$host: container $CONTAINER_NAME in $CONTAINER_CACHE_DIR is ${recorded/#creating /half created from } (marker $marker), not $image_id: creating it again"
