@@ -332,6 +332,46 @@ def wait_job(job_id: str, timeout: float, poll: float = POLL_S) -> tuple[str, in
         time.sleep(poll)
 
 
+def slurm(*args, timeout: float = 30) -> str:
+    """Run a SLURM command from the repository root: its stdout, stripped (for `sbatch
+    --parsable`, the job id alone); the test fails with the command's output if it fails."""
+    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env=job_environ())  # fmt: skip
+    assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
+    out = proc.stdout.strip()
+    return out.split(";")[0] if tuple(map(str, args[:2])) == ("sbatch", "--parsable") else out
+
+
+def wait_for(what: str, predicate, timeout: float, poll: float = 0.3):
+    """Poll ``predicate`` until it returns something true (returned), or fail after timeout."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
+
+
+def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 150):
+    """Under the cluster lock: sbatch SCRIPT JOB_ARGS (the fixture sbatch_wait passes no
+    arguments to the script), wait for the end polling faster than sbatch --wait, cancel what
+    is left; returns (exit status, output)."""
+    out = tmp_path / "job-%j.out"
+    with cluster_lock():
+        proc = subprocess.run(["sbatch", "--parsable", f"--output={out}", str(script),
+                               *map(str, job_args)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=60, env=job_environ(env))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        job = proc.stdout.strip().split(";")[0]
+        try:
+            _, status, _ = wait_job(job, timeout=timeout)
+        finally:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    log = Path(str(out).replace("%j", job))
+    return status, log.read_text() if log.exists() else ""
+
+
 def _scontrol_stdout(job_id: str) -> Path | None:
     """The output file SLURM resolved for the job (its record stays MinJobAge after it ends)."""
     record = job_record(job_id)

@@ -5,10 +5,9 @@ in the default partition ``local``, which gets SIGTERM, has GraceTime, is requeu
 import contextlib
 import re
 import subprocess
-import time
 
 import pytest
-from conftest import ROOT, job_environ, job_record, wait_job
+from conftest import job_environ, job_record, slurm, wait_for, wait_job
 
 VICTIM = r"""#!/bin/bash
 #SBATCH --nodes=1 --nodelist=node1 --exclusive --open-mode=append --time=00:10:00
@@ -29,23 +28,8 @@ echo "batch script: not reached"
 """
 
 
-def slurm(*args, timeout=30):
-    proc = subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, cwd=ROOT,
-        env=job_environ(),
-    )  # fmt: skip
-    assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
-    return proc.stdout
 
 
-def wait_for(what, predicate, timeout, poll=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
 
 
 def test_partitions_local_default_and_urgent(cluster):

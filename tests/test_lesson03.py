@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_environ, wait_job
+from conftest import submit_job
 from helpers import clean_environ, run_ranks, start_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -270,21 +270,8 @@ JOB = "lessons/03_ddp_mnist/job.sh"
 
 
 def submit(cluster_lock, tmp_path, *job_args, env=None, timeout=240):
-    """Submit JOB with JOB_ARGS (the fixture sbatch_wait puts its arguments before the script)
-    and wait for its end, polling faster than sbatch --wait; returns (exit status, output)."""
-    out = tmp_path / "slurm-%j.out"
-    cmd = ["sbatch", "--parsable", f"--output={out}", JOB, *job_args]
-    with cluster_lock():
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
-                              env=job_environ(env))  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        job_id = proc.stdout.strip().split(";")[0]
-        try:
-            _, status, _ = wait_job(job_id, timeout=timeout)
-        finally:
-            subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
-    log = Path(str(out).replace("%j", job_id))
-    return status, log.read_text() if log.exists() else ""
+    """Submit JOB with JOB_ARGS and wait for its end; returns (exit status, output)."""
+    return submit_job(tmp_path, JOB, *job_args, env=env, timeout=timeout)
 
 
 @pytest.mark.timeout(200)

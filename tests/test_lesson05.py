@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_environ, job_record, wait_job
+from conftest import job_environ, job_record, slurm, wait_for, wait_job
 from helpers import run_ranks, start_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,21 +162,8 @@ def test_sample_outputs_in_the_lesson_folder():
 # --------------------------------------------------------------------------- local cluster
 
 
-def slurm(*args, timeout=30):
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env=job_environ())  # fmt: skip
-    assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
-    return proc.stdout.strip().split(";")[0]
 
 
-def wait_for(what, predicate, timeout, poll=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
 
 
 def release_after_requeue(job_id, restarts):

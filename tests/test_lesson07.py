@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_environ, job_record, wait_job
+from conftest import job_environ, job_record, slurm, submit_job, wait_for, wait_job
 from helpers import run_ranks
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -210,21 +210,8 @@ def test_sample_outputs_in_the_lesson_folder():
 # --------------------------------------------------------------------------- local cluster
 
 
-def slurm(*args, timeout=30):
-    proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env=job_environ())  # fmt: skip
-    assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
-    return proc.stdout.strip().split(";")[0]
 
 
-def wait_for(what, predicate, timeout, poll=0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
 
 
 @pytest.mark.timeout(300)
@@ -269,27 +256,11 @@ def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, t
     assert [r["epoch"] for r in parse_log(text)] == [1], text
 
 
-def submit(cluster_lock, tmp_path, script, *job_args, env=None, timeout=150):
-    """sbatch SCRIPT JOB_ARGS (sbatch_wait passes no arguments to the script), wait for the
-    end; returns (exit status, output)."""
-    out = tmp_path / "job-%j.out"
-    with cluster_lock():
-        proc = subprocess.run(["sbatch", "--parsable", f"--output={out}", script, *job_args],
-                              cwd=ROOT, capture_output=True, text=True, timeout=60,
-                              env=job_environ(env))  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        job = proc.stdout.strip().split(";")[0]
-        try:
-            _, status, _ = wait_job(job, timeout=timeout)
-        finally:
-            subprocess.run(["scancel", job], capture_output=True, timeout=30)
-    log = Path(str(out).replace("%j", job))
-    return status, log.read_text() if log.exists() else ""
 
 
 @pytest.mark.timeout(200)
 def test_memory_job_runs_worlds_of_1_2_and_4(cluster, cluster_lock, tmp_path):
-    status, text = submit(cluster_lock, tmp_path, LESSON / "memory.sh", "--width", "64",
+    status, text = submit_job(tmp_path, LESSON / "memory.sh", "--width", "64",
                           "--depth", "2", "--steps", "1")  # fmt: skip
     assert status == 0, text
     rows = memory.parse_rows(text)
@@ -302,7 +273,7 @@ def test_memory_job_runs_worlds_of_1_2_and_4(cluster, cluster_lock, tmp_path):
 
 @pytest.mark.timeout(100)
 def test_job_refuses_bad_input_before_srun(cluster, cluster_lock, tmp_path):
-    status, text = submit(cluster_lock, tmp_path, LESSON / "job.sh", env={"EPOCHS": "two"},
+    status, text = submit_job(tmp_path, LESSON / "job.sh", env={"EPOCHS": "two"},
                           timeout=60)  # fmt: skip
     lines = text.strip().splitlines()
     assert status == 2 and len(lines) == 1, text
