@@ -793,8 +793,7 @@ def _check_gpu_map(environ: Mapping[str, str], local_world_size: int) -> None:
             )
 
 
-# The device files through which a GPU is reached: NVIDIA's (CUDA), AMD's kernel driver (ROCm
-# builds answer through torch.cuda too) and WSL2's GPU bridge.
+# NVIDIA's per-GPU device files: present on a GPU node whatever torch thinks of them.
 NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"
 
 

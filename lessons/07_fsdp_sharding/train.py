@@ -36,6 +36,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
+from common.checkpoint import CheckpointError
 from common.env import (
     LaunchError,
     check_cuda_usable,
@@ -52,10 +53,6 @@ REQUEUE_EXIT_CODE = 75
 # What must be equal for a checkpoint to be continued: the model's shape and the recipe.
 # The world size is not in it: that is what may change.
 RECIPE = ("width", "depth", "epochs", "batch_size", "lr", "seed", "train_subset")
-
-
-class CheckpointError(RuntimeError):
-    """The checkpoint cannot be continued by this run; the message names it and the fix."""
 
 
 class Block(nn.Module):
