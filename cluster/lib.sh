@@ -10,6 +10,9 @@ RUN_DIR=$CLUSTER_ROOT/run
 SLURM_CONF=/etc/slurm/slurm.conf
 GRES_CONF=/etc/slurm/gres.conf
 CGROUP_CONF=/etc/slurm/cgroup.conf
+JOB_CONTAINER_CONF=/etc/slurm/job_container.conf
+# Node N's local disk: the jobs' private /tmp and /dev/shm live under NODE_DISK_DIR/nodeN.
+NODE_DISK_DIR=$CLUSTER_ROOT/nodes
 CGROUP_ROOT=/sys/fs/cgroup
 SLURMDBD_CONF=/etc/slurm/slurmdbd.conf
 # The accounting database outlives down.sh: job records and job ids survive a restart.
@@ -126,6 +129,17 @@ stop_pids() {
 }
 
 # Stop everything up.sh started, by recorded pid; then remove run-time state.
+# job_container/tmpfs mounts each node's directory on itself and, per job, the job's namespace
+# and its /tmp under it (in this machine's mount namespace, where slurmd runs): unmount them all,
+# deepest first, so that nothing of a stopped cluster stays mounted.
+unmount_node_disks() {
+    local mnt
+    awk -v d="$NODE_DISK_DIR/" 'index($5, d) == 1 || $5 == substr(d, 1, length(d) - 1) {print $5}' \
+        /proc/self/mountinfo | sort -r | while read -r mnt; do
+        umount -l "$mnt" 2>/dev/null || true
+    done
+}
+
 # stop_cluster all | keep-munge: "keep-munge" leaves our munged running (a restart needs it again)
 # and put its record in KEPT_MUNGE for up.sh to write back.
 KEPT_MUNGE=""
@@ -181,6 +195,7 @@ stop_cluster() {
         fi
     fi
     stop_network
+    unmount_node_disks
     # The nodes' cgroup trees (slurmd removes the jobs' groups, not its own slurm_<node>).
     find "$CGROUP_ROOT"/*/slurm_node* -depth -type d -exec rmdir {} + 2>/dev/null || true
     rm -rf "${CLUSTER_ROOT:?}/state" "${CLUSTER_ROOT:?}/spool" "${CLUSTER_ROOT:?}/run" \

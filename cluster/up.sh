@@ -162,6 +162,11 @@ render_configs() {
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list")
     GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
+    local disk_lines=""
+    for ((i = 1; i <= NODES; i++)); do
+        disk_lines+="NodeName=node$i AutoBasePath=true BasePath=$NODE_DISK_DIR/node$i"$'\n'
+    done
+    JOB_CONTAINER_CONF_TEXT=$(render "$HERE/job_container.conf.in" "NODE_LINES=${disk_lines%$'\n'}")
     CGROUP_CONF_TEXT=$(<"$HERE/cgroup.conf.in")
     local pass=""
     [[ -s $DB_DIR/slurm.pass ]] && pass=$(<"$DB_DIR/slurm.pass")
@@ -208,6 +213,8 @@ already_up() {
     [[ -f $SLURMDBD_CONF && $(<"$SLURMDBD_CONF") == "$DBD_CONF_TEXT" ]] || return 1
     [[ -f $GRES_CONF && $(<"$GRES_CONF") == "$GRES_CONF_TEXT" ]] || return 1
     [[ -f $CGROUP_CONF && $(<"$CGROUP_CONF") == "$CGROUP_CONF_TEXT" ]] || return 1
+    [[ -f $JOB_CONTAINER_CONF && $(<"$JOB_CONTAINER_CONF") == "$JOB_CONTAINER_CONF_TEXT" ]] ||
+        return 1
     [[ $(awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{on=1} on{print} $0==e{on=0}' "$HOSTS_FILE") == "$(hosts_block)" ]] ||
         return 1
     local i
@@ -469,7 +476,10 @@ write_hosts
 printf '%s\n' "$SLURM_CONF_TEXT" >"$SLURM_CONF"
 printf '%s\n' "$GRES_CONF_TEXT" >"$GRES_CONF"
 printf '%s\n' "$CGROUP_CONF_TEXT" >"$CGROUP_CONF"
-chmod 644 "$SLURM_CONF" "$GRES_CONF" "$CGROUP_CONF"
+printf '%s\n' "$JOB_CONTAINER_CONF_TEXT" >"$JOB_CONTAINER_CONF"
+chmod 644 "$SLURM_CONF" "$GRES_CONF" "$CGROUP_CONF" "$JOB_CONTAINER_CONF"
+rm -rf "${NODE_DISK_DIR:?}"
+mkdir -p "$NODE_DISK_DIR"
 # One mailbox per user (see cluster/mailprog.sh), which slurmctld runs directly.
 mkdir -p "$MAIL_DIR"
 [[ -x $HERE/mailprog.sh ]] || chmod 755 "$HERE/mailprog.sh"

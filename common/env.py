@@ -855,24 +855,17 @@ def usable_cpus() -> tuple[int, bool]:
     return mine, mine >= total
 
 
-def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
-                cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
-    """How many threads torch should use in this process: ``torch.set_num_threads(...)``.
+def process_cpus(env: LaunchEnv, environ: Mapping[str, str] | None = None,
+                 cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
+    """This process's share of the CPUs its task may run on (at least 1).
 
-    - OMP_NUM_THREADS, when set, wins (torchrun sets it to 1 for its workers unless it is set).
-    - Else this process's share of the CPUs it may run on. SLURM binds each task to its own
-      CPUs where the site binds (task/affinity, task/cgroup); a launcher's workers inherit
-      their task's set and share it; where no binding is done (the set is the whole machine)
-      the node's processes share it. SLURM_CPUS_PER_TASK, what the job asked for, caps it.
-
-    Without this, each process starts one thread per core of the whole machine and the
-    processes of a node fight over the same cores.
+    SLURM binds each task to its own CPUs where the site binds (task/affinity, task/cgroup); a
+    launcher's workers inherit their task's set and share it; where no binding is done (the set
+    is the whole machine) the node's processes share it. SLURM_CPUS_PER_TASK, what the job asked
+    for, caps it. A process splits this share between torch's threads and its DataLoader
+    workers (lesson 08).
     """
     environ = os.environ if environ is None else environ
-    hint = "Set it to a whole number of threads, e.g. 4, or unset it."
-    omp = _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint)
-    if omp:
-        return omp
     mine, whole_machine = usable_cpus() if cpus is None else cpus
     per_task = env.local_world_size if env.launcher in _WORKER_LAUNCHERS else 1
     share = mine // (env.local_world_size if whole_machine else per_task)
@@ -880,6 +873,22 @@ def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
     if asked:
         share = min(share, asked // per_task)
     return max(1, share)
+
+
+def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
+                cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
+    """How many threads torch should use in this process: ``torch.set_num_threads(...)``.
+
+    OMP_NUM_THREADS, when set, wins (torchrun sets it to 1 for its workers unless it is set);
+    else :func:`process_cpus`. Without this, each process starts one thread per core of the
+    whole machine and the processes of a node fight over the same cores.
+    """
+    environ = os.environ if environ is None else environ
+    hint = "Set it to a whole number of threads, e.g. 4, or unset it."
+    omp = _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint)
+    if omp:
+        return omp
+    return process_cpus(env, environ, cpus)
 
 
 DEFAULT_TIMEOUT_S = 600  # torch's own default for NCCL; gloo's is 30 minutes

@@ -19,6 +19,7 @@ import re
 import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,16 @@ LOCK_TIMEOUT_S = 1800
 # Variables that would point the test's commands at another allocation or site.
 _FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
 
+
+# A job's /tmp is private to the job and to its node (cluster/job_container.conf.in), as on a
+# real cluster, so the files a test hands to a job, or reads back from one, cannot be under
+# /tmp. Every temporary directory of the suite (tmp_path, tempfile) is made under SHARED_TMP,
+# which every node of the local cluster sees, as a real cluster's nodes see a shared filesystem.
+SHARED_TMP = Path("/var/tmp/course-tests")
+SHARED_TMP.mkdir(exist_ok=True)
+with contextlib.suppress(PermissionError):  # made by another user: already open to all
+    SHARED_TMP.chmod(0o1777)
+tempfile.tempdir = str(SHARED_TMP)
 
 CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
 

@@ -26,8 +26,8 @@ def as_student(*cmd, timeout=60):
 def places(cluster):
     """{case: path}: a file only root may read, a file in a folder only root may enter, and a
     file that does not exist, under a folder everyone may enter (not pytest's tmp_path, which
-    only its owner may enter)."""
-    base = Path(tempfile.mkdtemp(prefix="course-mnist-access-", dir="/tmp"))
+    only its owner may enter; tempfile's folder is the suite's shared one, tests/conftest.py)."""
+    base = Path(tempfile.mkdtemp(prefix="course-mnist-access-"))
     base.chmod(0o755)
     yield from _places(base)
     shutil.rmtree(base)

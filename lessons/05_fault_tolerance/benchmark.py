@@ -5,8 +5,8 @@ Prints figures, checks nothing. Each figure comes from a real job of this lesson
 
 1. signal to stop: from `scancel --signal=USR1 --batch` (what the time-limit warning does) to
    the checkpoint line of the training, and to the end of srun;
-2. a requeue cycle: from the requeue to the resumed training's first line, the requeue hold
-   released at once (scontrol update StartTime=now);
+2. a requeue cycle: from the requeue to the resumed training's first line, through the
+   requeue hold (AuthInfo's cred_expire: 10 s on the local cluster, 120 s by default);
 3. how early the warning comes: a job with --time=2 and --signal=B:USR1@60 notes when the
    signal arrives; the difference to its end time is the real warning;
 4. one killed rank: SIGKILL to one training process, until SLURM reports the job ended.
@@ -85,8 +85,7 @@ def stop_and_requeue(folder: Path) -> tuple[float, float, float]:
         until(lambda: "requeueing job" in text(), 60, "the requeue")
         t_requeue = time.monotonic()
         until(lambda: fields(job).get("JobState") == "PENDING", 60, "the requeued job")
-        time.sleep(2)  # not in the same second as the requeue (its credential was revoked)
-        slurm("scontrol", "update", f"JobId={job}", "StartTime=now")
+        # It starts again when its requeue hold is over (cred_expire: cluster/slurm.conf.in).
         until(lambda: "resumed from" in text(), 180, "the resumed run", poll=0.1)
         t_resumed = time.monotonic()
         until(lambda: ended(job), 300, "the end of the job", poll=0.5)
