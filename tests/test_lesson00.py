@@ -117,6 +117,9 @@ def test_anatomy_job_steps_and_tasks(cluster, cluster_lock, tmp_path):
                         "GPUs per node 2, memory per node 1024 MB"), text  # fmt: skip
     assert lines[2] == f"working directory {tmp_path} (--chdir), submitted from {ROOT}", text
     assert lines[3] == "GREETING=hello", text
+    # sbatch sets the task variables in the batch script too (as task 0), but no step id.
+    assert lines[4] == ("in the batch script: SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 "
+                        "SLURM_NTASKS=4 SLURM_STEP_ID=<not set>"), text  # fmt: skip
 
     tasks = [m.groupdict() for m in map(TASK_LINE.match, lines) if m]
     by_step = {s: sorted((t for t in tasks if t["step"] == s), key=lambda t: int(t["task"]))
@@ -137,9 +140,10 @@ def test_anatomy_job_steps_and_tasks(cluster, cluster_lock, tmp_path):
                        ("node2-3", "node2")]:  # fmt: skip
         assert f"{name}.out: {host}" in lines, text
         assert (tmp_path / f"runs/anatomy-{job}/{name}.out").read_text().strip() == host
-    # squeue --steps, while step 4 ran: the batch step and step 4.
+    # squeue --steps, while step 4 ran: the batch step and step 4 (and the extern step where
+    # PrologFlags=Contain creates one).
     steps = re.findall(rf"^\s*{job}\.(\S+)\s", text, re.M)
-    assert sorted(steps) == ["4", "batch"], text
+    assert sorted(s for s in steps if s != "extern") == ["4", "batch"], text
     for field in ("JobState=RUNNING", "TimeLimit=00:02:00", "NumNodes=2", "NumTasks=4",
                   "CPUs/Task=2", "MinMemoryNode=1G", f"WorkDir={tmp_path}",
                   f"StdOut={tmp_path}/anatomy-{job}.out"):  # fmt: skip
@@ -152,7 +156,8 @@ def test_anatomy_job_steps_and_tasks(cluster, cluster_lock, tmp_path):
         out = re.sub(r"(directory|from|WorkDir=|StdOut=)\s?\S+?(/anatomy-ID\.out)?(?=\s|$)",
                      r"\1 PATH\2", out)  # fmt: skip
         out = re.sub(r"\b\d+:\d\d\b", "TIME", out)
-        return sorted(" ".join(line.split()) for line in own_lines(out))  # squeue pads columns
+        return sorted(" ".join(line.split()) for line in own_lines(out)  # squeue pads columns
+                      if not re.match(r"\s*\d+\.extern\s", line))  # fmt: skip
 
     sample = the_sample("anatomy-*.out")
     assert shape(sample.replace("GREETING=<not set>", "GREETING=hello")) == shape(text)

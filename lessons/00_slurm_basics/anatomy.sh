@@ -32,6 +32,11 @@ echo "nodes $SLURM_JOB_NODELIST ($SLURM_JOB_NUM_NODES), tasks $SLURM_NTASKS" \
 echo "working directory $PWD (--chdir), submitted from $SLURM_SUBMIT_DIR"
 # sbatch passes the submitting shell's environment on (--export=ALL, the default).
 echo "GREETING=${GREETING:-<not set>}"
+# sbatch gives the batch script task variables too (sbatch(1), OUTPUT ENVIRONMENT VARIABLES), as
+# if it were task 0: a program started here without srun takes itself for rank 0 of SLURM_NTASKS.
+echo "in the batch script: SLURM_PROCID=${SLURM_PROCID:-<not set>}" \
+     "SLURM_LOCALID=${SLURM_LOCALID:-<not set>} SLURM_NODEID=${SLURM_NODEID:-<not set>}" \
+     "SLURM_NTASKS=$SLURM_NTASKS SLURM_STEP_ID=${SLURM_STEP_ID:-<not set>}"
 
 # Slurm 22.05 to 23.02: srun does not inherit --cpus-per-task from the job, so pass it on.
 echo "== step 0: srun with the job's shape (2 nodes x 2 tasks)"

@@ -32,13 +32,15 @@ echo "best: lr=$(sort -g -k2 "$results"/task-*.txt | head -n1 | cut -d' ' -f1)"
 
 # The accounting database keeps every job after it ended: state, exit code, time, memory.
 # slurmctld sends the records in the background, a moment after each job ends: wait (20 s at
-# most) until every task of the array is there.
+# most) until every task of the array (<id>_<index>) is there, and say so if one is missing.
 files=("$results"/task-*.txt)
 for _ in $(seq 40); do
-    listed=$(sacct -n -X -j "$sweep" --format=JobID 2>/dev/null | grep -c . || true)
+    listed=$(sacct -n -X -j "$sweep" --format=JobID%30 2>/dev/null | grep -c "^ *${sweep}_" || true)
     (( listed >= ${#files[@]} )) && break
     sleep 0.5
 done
+(( listed >= ${#files[@]} )) ||
+    echo "note: after 20 s sacct lists $listed of the ${#files[@]} tasks of array job $sweep (accounting slow or off)"
 echo "== sacct -j $sweep"
 sacct -j "$sweep" --format=JobID,JobName,State,ExitCode,Elapsed,MaxRSS 2>&1 || true
 echo "== seff ${sweep}_0"

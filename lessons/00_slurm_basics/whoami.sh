@@ -3,8 +3,9 @@
 #
 #   srun bash lessons/00_slurm_basics/whoami.sh
 #
-# Every variable here is set by srun for each task; none of them exists in the batch script
-# itself (it is not a task of a step that srun started).
+# srun sets these for each task of its step. The batch script is no task of any srun step, yet
+# sbatch sets SLURM_PROCID, SLURM_LOCALID and SLURM_NODEID there too, all 0 (anatomy.sh prints
+# them); only SLURM_STEP_ID is missing.
 set -euo pipefail
 
 # One echo per line: tasks on several nodes write into the same output file at once.
