@@ -1,0 +1,40 @@
+#!/bin/bash
+# Lesson 08 benchmark job: how fast a DataLoader reads each form of the dataset, from the shared
+# filesystem and from the node's local disk, with 0 to 4 workers (loader_bench.py), on one node.
+# Prints figures and checks nothing; its output is stored beside the lesson (bench-<jobid>.out).
+#
+#   sbatch lessons/08_data_pipeline/bench.sh                 # from the course root
+#   sbatch lessons/08_data_pipeline/bench.sh --images 60000  # more arguments: loader_bench.py
+#
+#SBATCH --job-name=loader-bench
+#SBATCH --nodes=1
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=4
+#SBATCH --mem=8G
+#SBATCH --time=00:20:00
+#SBATCH --output=bench-%j.out
+set -euo pipefail
+
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
+# shellcheck source=common/job_env.sh
+source "$COURSE_ROOT/common/job_env.sh"
+LESSON=$COURSE_ROOT/lessons/08_data_pipeline
+SHARED_DATA=${MNIST_FILES:-$COURSE_ROOT/data/mnist-files}
+course_need_file "$SHARED_DATA/folder.tar" "prepare the files once, on the login node: PYTHONPATH=. python lessons/08_data_pipeline/mnist_files.py" || exit 2
+echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST, $(sinfo --version)"
+
+# What a step gets: on Slurm 22.05 to 23.02 a plain srun gives each task 1 CPU, whatever the
+# job asked for; SRUN_CPUS_PER_TASK (or srun -c) gives it the job's --cpus-per-task.
+# shellcheck disable=SC2016  # expanded by the bash that srun starts, in the step
+step_cpus='scontrol show step "$SLURM_JOB_ID.$SLURM_STEP_ID" | grep -oE "TRES=cpu=[0-9]+" | head -n 1'
+unset SRUN_CPUS_PER_TASK
+echo "plain srun:                   $(srun bash -c "$step_cpus")"
+echo "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun: $(SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun bash -c "$step_cpus")"
+
+LOCAL_DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
+bash "$LESSON/stage.sh" packed "$SHARED_DATA" "$LOCAL_DATA" sbcast
+bash "$LESSON/stage.sh" folder "$SHARED_DATA" "$LOCAL_DATA" sbcast
+export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+srun python "$LESSON/loader_bench.py" --shared "$SHARED_DATA" --local "$LOCAL_DATA" "$@"
+echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"

@@ -1,0 +1,52 @@
+#!/bin/bash
+# Lesson 08's scaling study: training throughput at 1, 2 and 4 ranks, on 1 and 2 nodes, for a
+# fixed global batch (strong scaling) and a fixed batch per rank (weak scaling). Each case is
+# one srun step of this allocation running train.py for STEPS steps; plot_scaling.py turns this
+# job's output into a table and a plot. Run the same script on your cluster to get your own.
+#
+#   sbatch lessons/08_data_pipeline/scaling.sh               # from the course root
+#   STEPS=100 GLOBAL_BATCH=512 RANK_BATCH=128 sbatch lessons/08_data_pipeline/scaling.sh
+#   python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out   # table + scaling.png
+#
+#SBATCH --job-name=scaling
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --gres=gpu:2
+#SBATCH --cpus-per-task=4
+#SBATCH --mem=16G
+#SBATCH --time=00:30:00
+#SBATCH --output=scaling-%j.out
+set -euo pipefail
+
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
+# shellcheck source=common/job_env.sh
+source "$COURSE_ROOT/common/job_env.sh"
+LESSON=$COURSE_ROOT/lessons/08_data_pipeline
+SHARED_DATA=${MNIST_FILES:-$COURSE_ROOT/data/mnist-files}
+course_need_file "$SHARED_DATA/folder.tar" "prepare the files once, on the login node: PYTHONPATH=. python lessons/08_data_pipeline/mnist_files.py" || exit 2
+STEPS=${STEPS:-40}
+GLOBAL_BATCH=${GLOBAL_BATCH:-256}
+RANK_BATCH=${RANK_BATCH:-64}
+for v in STEPS GLOBAL_BATCH RANK_BATCH; do
+    [[ ${!v} =~ ^[0-9]+$ && ${!v} -ge 6 ]] || { echo "error: $v='${!v}' must be a whole number >= 6" >&2; exit 2; }
+done
+echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST, $(sinfo --version), $STEPS steps per case"
+echo "SCALING host_cpus=$(nproc --all) gpus_per_node=${SLURM_GPUS_ON_NODE:-0} steps=$STEPS"
+
+DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
+bash "$LESSON/stage.sh" packed "$SHARED_DATA" "$DATA" sbcast
+export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
+# nodes x ranks per node: 1 rank; 2 ranks on one node; 2 ranks on two nodes; 4 ranks.
+for shape in 1x1 1x2 2x1 2x2; do
+    nodes=${shape%x*} per_node=${shape#*x}
+    for mode in strong weak; do
+        batch=(--batch-size "$GLOBAL_BATCH")
+        [[ $mode == weak ]] && batch=(--per-rank-batch "$RANK_BATCH")
+        echo "SCALING mode=$mode nodes=$nodes ranks_per_node=$per_node"
+        srun --nodes="$nodes" --ntasks-per-node="$per_node" --ntasks=$((nodes * per_node)) \
+            python "$LESSON/train.py" --data-dir "$DATA" --form packed --max-steps "$STEPS" \
+            --no-eval "${batch[@]}" "$@"
+    done
+done
+echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
