@@ -45,6 +45,7 @@ def test_every_lesson_is_there():
         "05_fault_tolerance",
         "06_diagnosing_hangs",
         "07_fsdp_sharding",
+        "08_data_pipeline",
     ]
 
 

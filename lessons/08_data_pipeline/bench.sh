@@ -1,7 +1,7 @@
 #!/bin/bash
 # Lesson 08 benchmark job: how fast a DataLoader reads each form of the dataset, from the shared
 # filesystem and from the node's local disk, with 0 to 4 workers (loader_bench.py), on one node.
-# Prints figures and checks nothing; its output is stored beside the lesson (bench-<jobid>.out).
+# Prints figures and checks nothing; its output is stored beside the lesson (loader-bench-<jobid>.out).
 #
 #   sbatch lessons/08_data_pipeline/bench.sh                 # from the course root
 #   sbatch lessons/08_data_pipeline/bench.sh --images 60000  # more arguments: loader_bench.py
@@ -12,7 +12,7 @@
 #SBATCH --cpus-per-task=4
 #SBATCH --mem=8G
 #SBATCH --time=00:20:00
-#SBATCH --output=bench-%j.out
+#SBATCH --output=%x-%j.out        # loader-bench-<jobid>.out
 set -euo pipefail
 
 COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}

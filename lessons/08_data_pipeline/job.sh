@@ -33,7 +33,7 @@ STAGE_WITH=${STAGE_WITH:-sbcast}
 SHARED_DATA=${MNIST_FILES:-$COURSE_ROOT/data/mnist-files}
 course_need_file "$SHARED_DATA/folder.tar" "prepare the files once, on the login node: PYTHONPATH=. python lessons/08_data_pipeline/mnist_files.py" || exit 2
 
-echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) starts $(date -u '+%F %T') UTC on $SLURM_JOB_NODELIST"
+echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) starts $(date -u '+%F %T') UTC on $SLURM_JOB_NODELIST, $(sinfo --version)"
 echo "$SLURM_NNODES nodes x $SLURM_NTASKS_PER_NODE tasks, $SLURM_CPUS_PER_TASK CPUs per task; data: $FORM form, read from $FROM"
 # Node-local disk: a site's per-job folder where it has one ($SLURM_TMPDIR on some clusters),
 # else /tmp, which is private to the job on each node where the site runs job_container/tmpfs

@@ -6,6 +6,7 @@
 #
 #   sbatch lessons/08_data_pipeline/scaling.sh               # from the course root
 #   STEPS=100 GLOBAL_BATCH=512 RANK_BATCH=128 sbatch lessons/08_data_pipeline/scaling.sh
+#   SHAPES="1x1 2x2" MODES=weak sbatch ...                  # some of the cases only
 #   python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out   # table + scaling.png
 #
 #SBATCH --job-name=scaling
@@ -15,7 +16,7 @@
 #SBATCH --cpus-per-task=4
 #SBATCH --mem=16G
 #SBATCH --time=00:30:00
-#SBATCH --output=scaling-%j.out
+#SBATCH --output=%x-%j.out        # scaling-<jobid>.out
 set -euo pipefail
 
 COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
@@ -28,6 +29,14 @@ course_need_file "$SHARED_DATA/folder.tar" "prepare the files once, on the login
 STEPS=${STEPS:-40}
 GLOBAL_BATCH=${GLOBAL_BATCH:-256}
 RANK_BATCH=${RANK_BATCH:-64}
+SHAPES=${SHAPES:-1x1 1x2 2x1 2x2}  # nodes x ranks per node
+MODES=${MODES:-strong weak}
+for shape in $SHAPES; do
+    [[ $shape =~ ^[12]x[12]$ ]] || { echo "error: SHAPES has '$shape': each shape is <nodes>x<ranks per node>, 1 or 2 each (e.g. SHAPES=\"1x1 2x2\")" >&2; exit 2; }
+done
+for mode in $MODES; do
+    [[ $mode == strong || $mode == weak ]] || { echo "error: MODES has '$mode': strong or weak" >&2; exit 2; }
+done
 for v in STEPS GLOBAL_BATCH RANK_BATCH; do
     [[ ${!v} =~ ^[0-9]+$ && ${!v} -ge 6 ]] || { echo "error: $v='${!v}' must be a whole number >= 6" >&2; exit 2; }
 done
@@ -37,10 +46,10 @@ echo "SCALING host_cpus=$(nproc --all) gpus_per_node=${SLURM_GPUS_ON_NODE:-0} st
 DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
 bash "$LESSON/stage.sh" packed "$SHARED_DATA" "$DATA" sbcast
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
-# nodes x ranks per node: 1 rank; 2 ranks on one node; 2 ranks on two nodes; 4 ranks.
-for shape in 1x1 1x2 2x1 2x2; do
+# 1 rank; 2 ranks on one node; 2 ranks on two nodes; 4 ranks.
+for shape in $SHAPES; do
     nodes=${shape%x*} per_node=${shape#*x}
-    for mode in strong weak; do
+    for mode in $MODES; do
         batch=(--batch-size "$GLOBAL_BATCH")
         [[ $mode == weak ]] && batch=(--per-rank-batch "$RANK_BATCH")
         echo "SCALING mode=$mode nodes=$nodes ranks_per_node=$per_node"

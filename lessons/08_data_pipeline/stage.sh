@@ -26,7 +26,8 @@ for f in "${files[@]}"; do
 done
 
 # One task per node, one CPU each, sharing the job's CPUs with whatever else runs.
-per_node=(srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --cpus-per-task=1 --overlap)
+per_node=(srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1
+    --cpus-per-task=1 --overlap)
 start=$EPOCHREALTIME
 "${per_node[@]}" mkdir -p "$dest/packed"
 for f in "${files[@]}"; do
