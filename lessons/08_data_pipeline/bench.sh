@@ -32,6 +32,9 @@ unset SRUN_CPUS_PER_TASK
 echo "plain srun:                   $(srun bash -c "$step_cpus")"
 echo "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun: $(SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun bash -c "$step_cpus")"
 
+# Where DataLoader workers hand over their batches: /dev/shm, here a tmpfs of the job's own.
+echo "/dev/shm in this job: $(srun df -h --output=size,used,target /dev/shm | tail -n 1)"
+
 LOCAL_DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
 bash "$LESSON/stage.sh" packed "$SHARED_DATA" "$LOCAL_DATA" sbcast
 bash "$LESSON/stage.sh" folder "$SHARED_DATA" "$LOCAL_DATA" sbcast

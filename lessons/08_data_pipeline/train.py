@@ -158,11 +158,11 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
             sync()  # GPU work is queued: wait for it, or the timer measures the queueing
             waited += t_data - t
             computed += time.perf_counter() - t_data
-            loss_sum += torch.stack([loss.detach().double() * len(labels),
-                                     torch.tensor(len(labels), device=device)])  # fmt: skip
+            loss_sum[0] += loss.detach().double() * len(labels)
+            loss_sum[1] += len(labels)
             if profiler:
                 profiler.step()
-        elapsed = time.perf_counter() - t0
+        t_end = time.perf_counter()
         if profiler:
             stop_profiler(profiler, args, env)
         dist.all_reduce(loss_sum)
@@ -170,14 +170,14 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
         line = f"epoch {epoch + 1}/{args.epochs} | train_loss {train_loss:.4f}"
         if steps > 5:
             n = steps - 5
-            rate = n * per_rank_batch * env.world_size / (time.perf_counter() - t_steady)
+            rate = n * per_rank_batch * env.world_size / (t_end - t_steady)
             ms_data = 1000 * (waited - waited_before) / n
             ms_step = 1000 * (computed - computed_before) / n
             line += (f" | {rate:.0f} images/s | per step: data {ms_data:.1f} ms, "
                      f"compute+communication {ms_step:.1f} ms")  # fmt: skip
             alone = compute_only_ms(ddp_model, model, images, labels, sync)
             line += f" (of which communication ~{max(ms_step - alone, 0.0):.1f} ms)"
-        line += f" | epoch_time {elapsed:.1f}s"
+        line += f" | epoch_time {t_end - t0:.1f}s"
         print0(line)
         if steps > 5 and args.max_steps:
             print0(f"THROUGHPUT ranks={env.world_size} nodes={env.num_nodes} "
