@@ -79,10 +79,10 @@ while [[ -z $status ]]; do
 done
 
 if (( status == 75 )); then
-    # Saved and asked to run again. After a preemption SLURM requeues the job itself
-    # (PreemptMode=REQUEUE); requeueing it here as well does no harm. A refused requeue (the
-    # job was cancelled, the site sets JobRequeue=0 and the job has no --requeue, ...) must not
-    # end the job COMPLETED: say so, keep the checkpoint, and exit 75 (the job ends FAILED).
+    # Saved and asked to run again. A preempted job that ends before its GraceTime is not
+    # requeued by Slurm 22.05 (cluster/README.md, Preemption): this requeue is what does it. A
+    # refused requeue (job cancelled, JobRequeue=0 and no --requeue, ...) must not end the
+    # job COMPLETED: say so, keep the checkpoint, and exit 75 (the job ends FAILED).
     echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${signalled:+ (after SIG$signalled)}; it resumes from $CHECKPOINT"
     if ! said=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
         echo "error: scontrol requeue $SLURM_JOB_ID was refused (${said//$'\n'/ }): the job ends here, not requeued. The checkpoint $CHECKPOINT is kept: resume it with CHECKPOINT=$CHECKPOINT sbatch lessons/05_fault_tolerance/requeue.sh $EPOCHS" >&2
