@@ -35,6 +35,27 @@ NETNS_PREFIX=course-node
 VETH_PREFIX=course-v
 LOCK_FILE=$CLUSTER_ROOT.lock
 
+# Slurm versions the cluster runs (up.sh --slurm VERSION). The default is this machine's own
+# packages (Debian 12: 22.05); any other version's daemons run from a Debian root made once with
+# debootstrap (cluster/slurm_root.sh) and cached in SLURM_CACHE/VERSION. To add one, add a line
+# to slurm_suite: the Debian release whose slurm-wlm packages are that version.
+SLURM_DEFAULT=22.05
+SLURM_VERSIONS="22.05 24.11"
+SLURM_CACHE=${COURSE_SLURM_CACHE:-/var/cache/course-slurm}
+slurm_suite() {
+    case $1 in
+    22.05) echo "" ;; # this machine's packages
+    24.11) echo trixie ;;
+    *) return 1 ;;
+    esac
+}
+# While a version from a root runs, its client commands (sbatch, srun, ...) are small scripts in
+# CLIENT_DIR, which comes before /usr/bin on PATH: each runs that root's program with the root's
+# own loader and libraries (see write_clients in up.sh). down.sh and a 22.05 up.sh remove them.
+CLIENT_DIR=/usr/local/bin
+CLIENT_MARK="# course-cluster: Slurm client"
+SLURM_CLIENTS="sacct sacctmgr salloc sattach sbatch sbcast scancel scontrol sdiag sinfo sprio squeue sreport srun sshare sstat strigger"
+
 die() {
     echo "cluster: error: $*" >&2
     exit 1
@@ -128,6 +149,23 @@ stop_pids() {
     sleep 0.2
 }
 
+# our_client NAME: NAME is one of the client scripts up.sh wrote (not someone else's program).
+our_client() {
+    [[ -f $CLIENT_DIR/$1 ]] && grep -qF "$CLIENT_MARK" "$CLIENT_DIR/$1" 2>/dev/null
+}
+
+# client_path NAME: the Slurm command NAME of the version the cluster runs now (for timeout).
+client_path() {
+    if our_client "$1"; then echo "$CLIENT_DIR/$1"; else echo "$1"; fi
+}
+
+remove_clients() {
+    local name
+    for name in $SLURM_CLIENTS; do
+        if our_client "$name"; then rm -f "${CLIENT_DIR:?}/$name"; fi
+    done
+}
+
 # Stop everything up.sh started, by recorded pid; then remove run-time state.
 # job_container/tmpfs mounts each node's directory on itself and, per job, the job's namespace
 # and its /tmp under it (in this machine's mount namespace, where slurmd runs): unmount them all,
@@ -151,7 +189,7 @@ stop_cluster() {
         if pid_alive "$(awk '$1=="slurmctld"{print $2}' "$RUN_DIR/daemons")" slurmctld; then
             local part
             for part in local urgent; do
-                timeout 10 scancel --full --quiet --partition="$part" >/dev/null 2>&1 || true
+                timeout 10 "$(client_path scancel)" --full --quiet --partition="$part" >/dev/null 2>&1 || true
             done
         fi
         # Job steps and tasks first, then the SLURM daemons together (each takes
@@ -196,6 +234,7 @@ stop_cluster() {
     fi
     stop_network
     unmount_node_disks
+    remove_clients
     # The nodes' cgroup trees (slurmd removes the jobs' groups, not its own slurm_<node>).
     find "$CGROUP_ROOT"/*/slurm_node* -depth -type d -exec rmdir {} + 2>/dev/null || true
     rm -rf "${CLUSTER_ROOT:?}/state" "${CLUSTER_ROOT:?}/spool" "${CLUSTER_ROOT:?}/run" \

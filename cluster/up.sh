@@ -15,14 +15,22 @@ CPUS=64
 MEM=256000
 WAIT_S=${COURSE_CLUSTER_WAIT_S:-60}
 CHECK_ONLY=0
+# The version: --slurm, else COURSE_SLURM_VERSION (a test run or a shell that works with one
+# version throughout), else the default.
+SLURM_VERSION=${COURSE_SLURM_VERSION:-$SLURM_DEFAULT}
+slurm_suite "$SLURM_VERSION" >/dev/null ||
+    die "COURSE_SLURM_VERSION must be one of ${SLURM_VERSIONS// /, }, got '$SLURM_VERSION'"
 
 usage() {
     cat <<EOF
-Usage: bash cluster/up.sh [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--mem-per-node MB]
+Usage: bash cluster/up.sh [--slurm VERSION] [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--mem-per-node MB]
 
 Start the local SLURM cluster (nodes node1..nodeN) and return once every node is idle.
 Running it again with the same shape changes nothing; another shape restarts the cluster.
 
+  --slurm VERSION      Slurm version: ${SLURM_VERSIONS// /, } (default \$COURSE_SLURM_VERSION, else
+                       $SLURM_DEFAULT, this machine's own packages; another runs from a Debian root
+                       made once, see cluster/README.md)
   --nodes N            number of nodes (default $NODES, at most 200)
   --gpus-per-node G    "GPUs" per node, bookkeeping only (default $GPUS, at most 16)
   --cpus-per-node C    CPUs each node declares (default $CPUS)
@@ -55,22 +63,27 @@ while [[ $# -gt 0 ]]; do
         shift
         continue
         ;;
-    --nodes=* | --gpus-per-node=* | --cpus-per-node=* | --mem-per-node=*)
+    --slurm=* | --nodes=* | --gpus-per-node=* | --cpus-per-node=* | --mem-per-node=*)
         flag=${arg%%=*}
         value=${arg#*=}
         shift
         ;;
-    --nodes | --gpus-per-node | --cpus-per-node | --mem-per-node)
+    --slurm | --nodes | --gpus-per-node | --cpus-per-node | --mem-per-node)
         flag=$arg
         [[ $# -ge 2 ]] || die "$flag needs a value (see --help)"
         value=$2
         shift 2
         ;;
     *)
-        die "unknown option '$arg' (known: --nodes --gpus-per-node --cpus-per-node --mem-per-node --check --help)"
+        die "unknown option '$arg' (known: --slurm --nodes --gpus-per-node --cpus-per-node --mem-per-node --check --help)"
         ;;
     esac
     case $flag in
+    --slurm)
+        slurm_suite "$value" >/dev/null ||
+            die "--slurm must be one of ${SLURM_VERSIONS// /, }, got '$value' (see --help)"
+        SLURM_VERSION=$value
+        ;;
     --nodes) set_int "$flag" "$value" 1 200 && NODES=$REPLY ;;
     --gpus-per-node) set_int "$flag" "$value" 0 16 && GPUS=$REPLY ;;
     --cpus-per-node) set_int "$flag" "$value" 1 4096 && CPUS=$REPLY ;;
@@ -88,18 +101,24 @@ CTL_ADDR=$CLUSTER_NET.254
 CTL_PORT=6817
 # Seconds a preempted job of partition "local" has between SIGTERM and SIGKILL.
 GRACE_S=30
-SHAPE="nodes=$NODES gpus-per-node=$GPUS cpus-per-node=$CPUS mem-per-node=$MEM"
+SHAPE="nodes=$NODES gpus-per-node=$GPUS cpus-per-node=$CPUS mem-per-node=$MEM slurm=$SLURM_VERSION"
+# The root this version's daemons run from (cluster/slurm_root.sh); none for this machine's own.
+SLURM_ROOT=""
+[[ -n $(slurm_suite "$SLURM_VERSION") ]] && SLURM_ROOT=$SLURM_CACHE/$SLURM_VERSION
 GPU_DEV_PREFIX=/dev/course-gpu
 STUDENT=student
 
 
 install_packages() {
     local missing=()
-    command -v slurmctld >/dev/null || missing+=(slurmctld)
-    command -v slurmd >/dev/null || missing+=(slurmd)
-    command -v sbatch >/dev/null || missing+=(slurm-client)
+    # Another version's Slurm comes from its root (slurm_root.sh); munge and MariaDB from here.
+    if [[ -z $SLURM_ROOT ]]; then
+        command -v slurmctld >/dev/null || missing+=(slurmctld)
+        command -v slurmd >/dev/null || missing+=(slurmd)
+        command -v sbatch >/dev/null || missing+=(slurm-client)
+        command -v slurmdbd >/dev/null || missing+=(slurmdbd)
+    fi
     command -v munged >/dev/null || missing+=(munge)
-    command -v slurmdbd >/dev/null || missing+=(slurmdbd)
     command -v mariadbd >/dev/null || missing+=(mariadb-server)
     [[ ${#missing[@]} -eq 0 ]] && return 0
     note "installing ${missing[*]} with apt-get"
@@ -140,6 +159,22 @@ render() {
     printf '%s\n' "$text"
 }
 
+# The accounting database of this Slurm version. slurmdbd converts a database to its own
+# version's layout at start-up, and an older slurmdbd cannot read it afterwards: each version
+# keeps its own (22.05 the original name), all in the same MariaDB server.
+db_name() {
+    if [[ $SLURM_VERSION == 22.05 ]]; then echo slurm_acct_db; else echo "slurm_acct_db_${SLURM_VERSION//./_}"; fi
+}
+
+# The root's library directory (/usr/lib/<multiarch>), where its loader is.
+root_libdir() {
+    local loader
+    for loader in "$SLURM_ROOT"/usr/lib/*-linux-gnu*/ld-linux*.so.[0-9]; do
+        [[ -e $loader ]] && { dirname "$loader"; return 0; }
+    done
+    die "no dynamic loader (usr/lib/*/ld-linux*.so.N) in $SLURM_ROOT: remove it and run up.sh again"
+}
+
 render_configs() {
     local i node_lines="" gres_lines="" node_list="node[1-$NODES]" gres=""
     ((NODES == 1)) && node_list=node1
@@ -157,10 +192,17 @@ render_configs() {
     # connect back to, listens on every address of the host it runs on: on the submitting
     # machine that includes the bridge, inside a job it is the node's eth0.
     local comm="NoCtldInAddrAny"
+    # A version from a root loads its own plugins: its PluginDir, by a path that means the same
+    # directory on this machine (its clients, see write_clients) and inside the root (the daemons).
+    local version_lines="# Slurm $SLURM_VERSION: this machine's own packages."
+    if [[ -n $SLURM_ROOT ]]; then
+        version_lines="# Slurm $SLURM_VERSION from $SLURM_ROOT (cluster/slurm_root.sh): its own plugins."
+        version_lines+=$'\n'"PluginDir=$(root_libdir)/slurm-wlm"
+    fi
     SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
         "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
-        "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list")
+        "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list" "VERSION_LINES=$version_lines")
     GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
     local disk_lines=""
     for ((i = 1; i <= NODES; i++)); do
@@ -168,10 +210,13 @@ render_configs() {
     done
     JOB_CONTAINER_CONF_TEXT=$(render "$HERE/job_container.conf.in" "NODE_LINES=${disk_lines%$'\n'}")
     CGROUP_CONF_TEXT=$(<"$HERE/cgroup.conf.in")
+    # CgroupAutomount is defunct from 23.11 on (NEWS of 23.11.0rc1; 24.11 logs an error for it).
+    [[ $SLURM_VERSION == 22.05 ]] || CGROUP_CONF_TEXT=$(grep -v '^CgroupAutomount=' <<<"$CGROUP_CONF_TEXT")
     local pass=""
     [[ -s $DB_DIR/slurm.pass ]] && pass=$(<"$DB_DIR/slurm.pass")
     DBD_CONF_TEXT=$(render "$HERE/slurmdbd.conf.in" "CTL_NAME=$CTL_NAME" "CTL_ADDR=$CTL_ADDR" \
-        "DBD_PORT=$DBD_PORT" "DB_PORT=$DB_PORT" "DB_PASS=$pass" "ROOT=$CLUSTER_ROOT")
+        "DBD_PORT=$DBD_PORT" "DB_PORT=$DB_PORT" "DB_PASS=$pass" "ROOT=$CLUSTER_ROOT" \
+        "DB_NAME=$(db_name)")
 }
 
 # The slurm.conf text without its FirstJobId line (which up.sh takes from the database).
@@ -204,8 +249,37 @@ write_hosts() {
     write_hosts_text "$(hosts_without_block)"$'\n'"$(hosts_block)"
 }
 
+# client_text NAME: the script write_clients puts in CLIENT_DIR for the root's client NAME. It runs
+# the root's program with the root's loader and libraries, in this machine's filesystem (so any
+# user can run it, from any folder); the root's PluginDir (slurm.conf) gives it its plugins.
+client_text() {
+    local lib loader
+    lib=$(root_libdir)
+    loader=$(echo "$lib"/ld-linux*.so.[0-9])
+    printf '%s\n' '#!/bin/sh' \
+        "$CLIENT_MARK of Slurm $SLURM_VERSION, written by cluster/up.sh --slurm $SLURM_VERSION" \
+        "# (cluster/down.sh removes it): $1 from $SLURM_ROOT, with that root's own libraries." \
+        "exec $loader --library-path $lib/slurm-wlm:$lib --argv0 $1 $SLURM_ROOT/usr/bin/$1 \"\$@\""
+}
+
+write_clients() {
+    local name
+    for name in $SLURM_CLIENTS; do
+        [[ -x $SLURM_ROOT/usr/bin/$name ]] || continue
+        client_text "$name" >"$CLIENT_DIR/.$name.new"
+        chmod 755 "$CLIENT_DIR/.$name.new"
+        mv -f "$CLIENT_DIR/.$name.new" "$CLIENT_DIR/$name"
+    done
+}
+
 # Is the cluster already running with exactly this configuration?
 already_up() {
+    # The client commands of its version (write_clients), or this machine's own.
+    if [[ -n $SLURM_ROOT ]]; then
+        [[ $(client_text sbatch) == "$(cat "$CLIENT_DIR/sbatch" 2>/dev/null)" ]] || return 1
+    else
+        ! our_client sbatch || return 1
+    fi
     [[ -f $CLUSTER_ROOT/shape && $(<"$CLUSTER_ROOT/shape") == "$SHAPE" ]] || return 1
     [[ -f $SLURM_CONF ]] || return 1
     [[ $(without_first_job_id "$(<"$SLURM_CONF")") == "$(without_first_job_id "$SLURM_CONF_TEXT")" ]] ||
@@ -230,7 +304,7 @@ already_up() {
     ((count >= NODES + 3)) || return 1
     # Nodes busy with other people's jobs are fine; down or drained ones are not.
     local states
-    states=$(timeout 10 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
+    states=$(timeout 10 "$(client_path sinfo)" -h -N -o '%N %t' 2>/dev/null | sort -u) || return 1
     [[ $(wc -l <<<"$states") -eq $NODES ]] || return 1
     ! grep -qvE ' (idle|mix|alloc|comp)$' <<<"$states"
 }
@@ -299,11 +373,13 @@ start_accounting() {
     fi
     db -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1';
         ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$(<"$DB_DIR/slurm.pass")';
-        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';" >>"$log" 2>&1 ||
+        GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';
+        CREATE DATABASE IF NOT EXISTS $(db_name);
+        GRANT ALL ON $(db_name).* TO 'slurm'@'127.0.0.1';" >>"$log" 2>&1 ||
         die "could not create the database user for slurmdbd; see $log"
     printf '%s\n' "$DBD_CONF_TEXT" >"$SLURMDBD_CONF"
     chmod 600 "$SLURMDBD_CONF"
-    start_daemon "$LOG_DIR/start.log" unshare --uts sh -c "hostname $CTL_NAME && exec slurmdbd" ||
+    start_slurm_daemon "" "$CTL_NAME" slurmdbd ||
         die "slurmdbd did not start; see $LOG_DIR/slurmdbd.log and $LOG_DIR/start.log"
     wait_pidfile "$RUN_DIR/slurmdbd.pid" slurmdbd "$LOG_DIR/slurmdbd.log"
     for ((i = 0; i < 100; i++)); do
@@ -312,22 +388,25 @@ start_accounting() {
     done
 }
 
-# Job ids go on from the last one the database knows, across down/up.
+# Job ids go on from the last one the databases know, across down/up and across versions (each
+# version has its own database, and slurm-<jobid>.out names must not repeat).
 first_job_id() {
-    local last
-    last=$(db -N -e "SELECT COALESCE(MAX(id_job), 0) FROM slurm_acct_db.course_job_table" \
-        2>/dev/null) || last=0
-    [[ $last =~ ^[0-9]+$ ]] || last=0
+    local last=0 id name
+    for name in $(db -N -e "SHOW DATABASES LIKE 'slurm\\_acct\\_db%'" 2>/dev/null); do
+        id=$(db -N -e "SELECT COALESCE(MAX(id_job), 0) FROM \`$name\`.course_job_table" \
+            2>/dev/null) || id=0
+        [[ $id =~ ^[0-9]+$ ]] && ((id > last)) && last=$id
+    done
     echo $((last + 1))
 }
 
 # The cluster must be known to the database before slurmctld sends it records.
 register_cluster() {
     local out
-    out=$(timeout 20 sacctmgr -n -P list cluster format=cluster 2>&1) ||
+    out=$(timeout 20 "$(client_path sacctmgr)" -n -P list cluster format=cluster 2>&1) ||
         die "sacctmgr cannot reach slurmdbd: $out; see $LOG_DIR/slurmdbd.log"
     grep -qx course <<<"$out" && return 0
-    timeout 20 sacctmgr -i add cluster course >>"$LOG_DIR/start.log" 2>&1 ||
+    timeout 20 "$(client_path sacctmgr)" -i add cluster course >>"$LOG_DIR/start.log" 2>&1 ||
         die "sacctmgr could not add cluster 'course'; see $LOG_DIR/start.log"
 }
 
@@ -345,10 +424,57 @@ $(tail -n 20 "$log" 2>/dev/null)"
     REPLY=$pid
 }
 
+# start_slurm_daemon NETNS HOSTNAME COMMAND...: start a Slurm daemon with its own hostname (UTS
+# namespace), in node network namespace NETNS ("": this machine's). This machine's own Slurm
+# runs as it is; another version runs from its root, with this machine's files bound in
+# (cluster/in_root.sh, ROOT_BINDS).
+start_slurm_daemon() {
+    local netns=$1 host=$2
+    shift 2
+    local enter=()
+    [[ -n $netns ]] && enter=(nsenter --net="/run/netns/$netns")
+    if [[ -z $SLURM_ROOT ]]; then
+        start_daemon "$LOG_DIR/start.log" "${enter[@]}" unshare --uts sh -c "hostname $host && exec $*"
+    else
+        start_daemon "$LOG_DIR/start.log" "${enter[@]}" unshare --uts --mount --propagation private \
+            bash "$HERE/in_root.sh" "$SLURM_ROOT" "$host" "${ROOT_BINDS[@]}" -- "$@"
+    fi
+}
+
+# What a version's root sees of this machine (cluster/in_root.sh binds each onto the same path):
+# every top-level folder that is not the operating system's (/home, /root, /tmp, /work, /opt,
+# ...: users' files, the course, a Python such as pyenv's), the cluster's state and logs, mail,
+# /var/tmp, lesson 04's image, Slurm's configuration, munge's socket (this machine's munged
+# serves both), the users and groups, and /etc/hosts (the node names; a copy without this
+# machine's name leaves jobs COMPLETING for a minute). A Python installed under /usr (the
+# course's venv points at it) is bound too: its program and its standard library.
+root_binds() {
+    local d venv python
+    ROOT_BINDS=()
+    for d in /*; do
+        [[ -d $d && ! -L $d ]] || continue
+        case ${d#/} in
+        bin | boot | dev | etc | lib | lib32 | lib64 | libx32 | lost+found | proc | run | sbin | snap | sys | usr | var) ;;
+        *) ROOT_BINDS+=("$d") ;;
+        esac
+    done
+    ROOT_BINDS+=("$CLUSTER_ROOT" "$MAIL_DIR" /var/tmp /var/cache/course-charliecloud /etc/slurm
+        /run/munge /etc/passwd /etc/group /etc/shadow /etc/gshadow /etc/hosts "$(dirname "$HERE")")
+    venv=${COURSE_VENV:-$(dirname "$HERE")/.venv}
+    python=$venv/bin/python
+    if [[ -x $python ]]; then
+        local paths
+        paths=$("$python" -c 'import os, sys, sysconfig
+if not sys.base_prefix.startswith(("/usr", "/var", "/etc")): print(sys.base_prefix)
+else: print(os.path.realpath(sys._base_executable)); print(sysconfig.get_path("stdlib"))' 2>/dev/null) || paths=""
+        [[ -n $paths ]] && mapfile -t -O "${#ROOT_BINDS[@]}" ROOT_BINDS <<<"$paths"
+    fi
+}
+
 start_slurm() {
     # The controller gets its own hostname too, so that its address (and the
     # one address it binds) comes from /etc/hosts, not from this machine's name.
-    start_daemon "$LOG_DIR/start.log" unshare --uts sh -c "hostname $CTL_NAME && exec slurmctld" ||
+    start_slurm_daemon "" "$CTL_NAME" slurmctld ||
         die "slurmctld did not start; see $LOG_DIR/slurmctld.log and $LOG_DIR/start.log"
     wait_pidfile "$RUN_DIR/slurmctld.pid" slurmctld "$LOG_DIR/slurmctld.log"
     local i pid
@@ -356,8 +482,7 @@ start_slurm() {
         mkdir -p "$CLUSTER_ROOT/spool/node$i"
         # Its own network namespace (made by start_network) and its own hostname: slurmd and
         # every task it starts see one node's network and name, as on a separate machine.
-        start_daemon "$LOG_DIR/start.log" nsenter --net="/run/netns/$NETNS_PREFIX$i" \
-            unshare --uts sh -c "hostname node$i && exec slurmd -N node$i" ||
+        start_slurm_daemon "$NETNS_PREFIX$i" "node$i" slurmd -N "node$i" ||
             die "slurmd for node$i did not start; see $LOG_DIR/slurmd-node$i.log"
     done
     for ((i = 1; i <= NODES; i++)); do
@@ -369,7 +494,7 @@ start_slurm() {
 wait_idle() {
     local deadline=$((SECONDS + WAIT_S)) states=""
     while ((SECONDS < deadline)); do
-        states=$(timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null | sort -u || true)
+        states=$(timeout 5 "$(client_path sinfo)" -h -N -o '%N %t' 2>/dev/null | sort -u || true)
         if [[ -n $states && $(wc -l <<<"$states") -eq $NODES ]] &&
             ! grep -qv ' idle$' <<<"$states"; then
             return 0
@@ -383,8 +508,15 @@ $(tail -n 15 "$LOG_DIR/slurmctld.log" 2>/dev/null)"
 
 mkdir -p "$CLUSTER_ROOT"
 take_lock
+if [[ -n $SLURM_ROOT && ! -f $SLURM_ROOT/.course-slurm-root ]] && ((CHECK_ONLY)); then
+    note "not up in this shape ($SHAPE): no root for Slurm $SLURM_VERSION yet"
+    exit 1
+fi
 ((CHECK_ONLY)) || install_packages
 ((CHECK_ONLY)) || ensure_student
+if [[ -n $SLURM_ROOT ]] && ((!CHECK_ONLY)); then
+    bash "$HERE/slurm_root.sh" "$SLURM_VERSION" >/dev/null || exit 1
+fi
 render_configs
 
 if already_up; then
@@ -410,6 +542,20 @@ check_cgroups() {
     done
 }
 check_cgroups
+
+# Another version's clients go where up.sh's own scripts may go, never over someone's program.
+check_client_dir() {
+    local name
+    [[ -n $SLURM_ROOT ]] || return 0
+    mkdir -p "$CLIENT_DIR"
+    for name in $SLURM_CLIENTS; do
+        if [[ -e $CLIENT_DIR/$name ]] && ! our_client "$name"; then
+            die "$CLIENT_DIR/$name is in the way: Slurm $SLURM_VERSION's clients go there (first on" \
+                "PATH), and up.sh overwrites only the scripts it wrote; move it, or run the default version"
+        fi
+    done
+}
+check_client_dir
 
 # Namespaces, veth pairs and a bridge need CAP_NET_ADMIN; the private network must be free.
 check_network() {
@@ -498,6 +644,10 @@ on_exit() {
     fi
 }
 trap on_exit EXIT
+if [[ -n $SLURM_ROOT ]]; then
+    write_clients
+    root_binds
+fi
 start_network >>"$LOG_DIR/start.log" 2>&1 ||
     die "network: could not create the bridge and namespaces; see $LOG_DIR/start.log"
 start_munge
