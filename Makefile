@@ -8,15 +8,17 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data container cluster-up cluster-down test lint demo bench clean
+.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
 	@echo "make test          the whole test suite (installs what it needs)"
 	@echo "make setup         system packages, .venv, MNIST data, container image, local cluster"
 	@echo "make container     lesson 04's Charliecloud image (built once, reused after)"
-	@echo "make cluster-up    start the local cluster (cluster/up.sh; NODES=3 GPUS=1 to reshape)"
+	@echo "make cluster-up    start the local cluster (cluster/up.sh; NODES=3 GPUS=1 to reshape,"
+	@echo "                   SLURM=24.11 for Slurm 24.11's daemons and clients instead of 22.05)"
 	@echo "make cluster-down  stop it (cluster/down.sh)"
+	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 (SLURM=...), then 22.05 again"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
 
@@ -49,13 +51,16 @@ container:
 
 NODES ?= 2
 GPUS ?= 2
+# Empty: COURSE_SLURM_VERSION if set, else 22.05 (cluster/up.sh --slurm).
+SLURM ?=
+SLURM_FLAG := $(if $(SLURM),--slurm $(SLURM))
 # Already up in this shape: nothing to do. Otherwise (re)start it holding the lock that every
 # job submission on this machine holds (tests/conftest.py, cluster/README.md), so that a restart
 # never cuts short somebody else's running job.
 LOCK := /tmp/course-cluster.lock
 cluster-up:
-	bash cluster/up.sh --check --nodes $(NODES) --gpus-per-node $(GPUS) 2>/dev/null || \
-	    flock $(LOCK) bash cluster/up.sh --nodes $(NODES) --gpus-per-node $(GPUS)
+	bash cluster/up.sh --check --nodes $(NODES) --gpus-per-node $(GPUS) $(SLURM_FLAG) 2>/dev/null || \
+	    flock $(LOCK) bash cluster/up.sh --nodes $(NODES) --gpus-per-node $(GPUS) $(SLURM_FLAG)
 
 cluster-down:
 	bash cluster/down.sh
@@ -73,6 +78,17 @@ lint: venv system
 # jobs, and the rest, a file or a notebook at a time, beside them (see tests/conftest.py).
 test: setup
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+# The second Slurm version's lane (CI runs it after `make test`): the tests marked
+# `every_slurm` (tests/conftest.py: every lesson's job scripts at least once, and every test whose
+# expectation differs between versions), on the cluster running Slurm $(SLURM_LANE), all under the
+# cluster lock; the cluster is put back on the default version at the end, whatever the result.
+SLURM_LANE ?= 24.11
+test-slurm: venv data container
+	bash cluster/slurm_root.sh $(SLURM_LANE) >/dev/null
+	flock $(LOCK) bash -c 'export COURSE_SLURM_VERSION=$(SLURM_LANE); rc=0; \
+	    $(VENV)/bin/pytest -m every_slurm tests || rc=$$?; \
+	    unset COURSE_SLURM_VERSION; bash cluster/up.sh || rc=$$?; exit $$rc'
 
 demo: venv data cluster-up
 	@mkdir -p runs

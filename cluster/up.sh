@@ -469,6 +469,12 @@ if not sys.base_prefix.startswith(("/usr", "/var", "/etc")): print(sys.base_pref
 else: print(os.path.realpath(sys._base_executable)); print(sysconfig.get_path("stdlib"))' 2>/dev/null) || paths=""
         [[ -n $paths ]] && mapfile -t -O "${#ROOT_BINDS[@]}" ROOT_BINDS <<<"$paths"
     fi
+    # This machine's own Python 3 (a user's venv may point at it), program and standard library.
+    for python in /usr/bin/python3.[0-9] /usr/bin/python3.[0-9][0-9]; do
+        [[ -f $python && ! -L $python && -d /usr/lib/${python##*/} ]] &&
+            ROOT_BINDS+=("$python" "/usr/lib/${python##*/}")
+    done
+    return 0
 }
 
 start_slurm() {

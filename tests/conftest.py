@@ -51,6 +51,55 @@ tempfile.tempdir = str(SHARED_TMP)
 
 CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
 
+# The cluster tests that `make test-slurm` runs again on the second Slurm version (cluster/up.sh
+# --slurm 24.11; CI runs it after `make test`), marked `every_slurm`: the cluster's own checks
+# (clients, jobs, accounting, limits, users, down.sh), every test whose expectation differs
+# between versions, and job scripts of every lesson. Ids or id prefixes, as pytest prints them.
+EVERY_SLURM = (
+    "tests/test_cluster.py::test_sinfo_shows_two_nodes_with_two_gpus",
+    "tests/test_cluster.py::test_srun_two_nodes_two_tasks_each",
+    "tests/test_cluster.py::test_sbatch_wait_returns_the_job_exit_code",
+    "tests/test_cluster.py::test_gloo_all_reduce_between_nodes",
+    "tests/test_cluster.py::test_nodes_are_separate_hosts_on_a_network",
+    "tests/test_cluster.py::test_up_is_idempotent_and_down_leaves_nothing",
+    "tests/test_cluster.py::test_check_changes_nothing",
+    "tests/test_cluster_accounting.py::",
+    "tests/test_cluster_limits.py::test_task_over_its_memory_is_killed",
+    "tests/test_cluster_preempt.py::",
+    "tests/test_cluster_student.py::test_student_runs_lesson00",
+    "tests/test_env_on_cluster.py::",
+    "tests/test_lesson00.py::test_anatomy_job_steps_and_tasks",
+    "tests/test_lesson00.py::test_memory_job_over_its_mem",
+    "tests/test_lesson00.py::test_salloc_srun_and_task_placement",
+    "tests/test_lesson01.py::test_job_script_on_local_cluster[job.sh]",
+    "tests/test_lesson02.py::test_job_script_on_local_cluster[job.sh]",
+    "tests/test_lesson02.py::test_job_script_on_local_cluster[torchrun_multinode.sh]",
+    "tests/test_lesson03.py::test_carried_train_py_runs_under_srun_on_two_nodes",
+    "tests/test_lesson04.py::test_static_job",
+    "tests/test_lesson04_charliecloud.py::test_torchrun_in_charliecloud",
+    "tests/test_lesson05.py::test_warning_then_preemption_then_resume",
+    "tests/test_lesson06.py::test_wrong_interface",
+    "tests/test_lesson06.py::test_world_size_exported_wrong",
+    "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1",
+)
+
+
+_slurm_version: tuple[int, int] | None = None
+
+
+def slurm_version() -> tuple[int, int]:
+    """(major, minor) of the Slurm the cluster runs, from its clients (``sinfo --version``:
+    "slurm-wlm 24.11.5" or "slurm 22.05.8"), e.g. (24, 11): expectations that differ between
+    versions are asserted for the version that runs."""
+    global _slurm_version
+    if _slurm_version is None:
+        out = subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
+                             timeout=30).stdout  # fmt: skip
+        found = re.search(r"(\d+)\.(\d+)\.\d+", out)
+        assert found, f"sinfo --version printed {out!r}"
+        _slurm_version = (int(found[1]), int(found[2]))
+    return _slurm_version
+
 # Every process the suite starts (jobs, tasks, notebook kernels) skips the garbage collector's
 # last pass at exit: tests/exitfast/sitecustomize.py says why.
 _EXITFAST = str(ROOT / "tests" / "exitfast")
@@ -66,6 +115,9 @@ def _loadgroup(config) -> bool:
 
 
 def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "every_slurm: also run on the second Slurm version (make test-slurm, CI)",
+    )
     config.addinivalue_line(
         "markers", "cluster: needs the local SLURM cluster (cluster/up.sh); runs after the rest "
         "(under --dist loadgroup: in a lane of its own)",
@@ -90,6 +142,8 @@ def pytest_collection_modifyitems(session, config, items):
         needs = "cluster" in getattr(item, "fixturenames", ())
         if needs:
             item.add_marker(pytest.mark.cluster)
+            if item.nodeid.startswith(EVERY_SLURM):
+                item.add_marker(pytest.mark.every_slurm)
         if lanes:
             group = CLUSTER_GROUP if needs else item.nodeid.split("::", 1)[0]  # the file
             item.add_marker(pytest.mark.xdist_group(group))
