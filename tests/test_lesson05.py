@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_record, slurm, wait_for, wait_job
+from conftest import job_record, slurm, slurm_version, wait_for, wait_job
 from helpers import run_ranks, start_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,13 +202,20 @@ def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
                            LESSON / "preempt.sh")  # fmt: skip
             assert wait_job(urgent, timeout=120)[:2] == ("COMPLETED", 0)
             release_after_requeue(job, 2)
-            state, code, _ = wait_job(job, timeout=180)
+            # From 24.05 on, the end of the resumed run requeues the job once more: the flag
+            # that preemption's SIGTERM set is still on (tests/test_cluster_preempt.py,
+            # restarts_after_a_kill_at_the_end_of_grace_time); the last run has nothing to do.
+            restarts = 2 if slurm_version() < (24, 5) else 3
+            if restarts == 3:
+                release_after_requeue(job, 3)
+            state, code, record = wait_job(job, timeout=180)
         finally:
             for j in (job, urgent):
                 if j:
                     subprocess.run(["scancel", j], capture_output=True, timeout=30)
     text = log()
     assert (state, code) == ("COMPLETED", 0), text
+    assert record.get("Restarts") == str(restarts), record
     stops = re.findall(r"checkpoint saved at epoch 1, step (\d+); exiting with 75", text)
     assert len(stops) == 2 and int(stops[0]) < int(stops[1]), text
     # The warning reaches the batch shell (B:), which passes it on; preemption signals the tasks.
