@@ -187,6 +187,18 @@ def test_wrong_interface(run_job):
                                          "Gloo connectFullMesh failed"])  # fmt: skip
 
 
+def test_port_taken_on_one_node(run_job):
+    # Port 29500 is fixed in the script: the test holds the cluster lock, so no other job of the
+    # course uses it meanwhile.
+    status, text = run_job("port_taken.sh")
+    assert status == 0, text  # the script reports world B's failure and goes on
+    assert "world A: joined, holding the port for 6 s" in text and "world A: done" in text, text
+    assert re.search(r"^torch\.distributed\.DistNetworkError: .* port: 29500, .*name: EADDRINUSE",
+                     text, re.M), text  # fmt: skip
+    assert "world B: joined" not in text and "== world B failed (exit 1)" in text, text
+    same_shape("port-taken", text, ["EADDRINUSE", "world A: done"])
+
+
 def test_one_rank_crashes_the_others_time_out(run_job):
     status, text = run_job("rank_crash.sh")
     assert status != 0, text
