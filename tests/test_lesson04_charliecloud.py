@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,18 @@ JOB_TIMEOUT = 120
 IMAGE_LINE = re.compile(r"^\d+: (node\d+): image: (\S+), torch (\S+): (\S+)$", re.MULTILINE)
 
 
+@pytest.fixture
+def home_tmp():
+    """A folder under /home: shared by the nodes (a job's /tmp is not, cluster/README.md), and
+    ch-run can bind it, as the image keeps an empty /home for that (charliecloud_image.sh)."""
+    path = Path(tempfile.mkdtemp(prefix="course-charliecloud-", dir="/home"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
 def course_without_torch(tmp_path):
-    """A copy of the course without .venv (ch-run sees the host's /tmp, so a copy there is
-    visible inside), a bin folder with Debian's python3 first on PATH, and the environment."""
+    """A copy of the course without .venv, a bin folder with Debian's python3 first on PATH,
+    and the environment."""
     assert os.system(f"{SYSTEM_PYTHON} -c 'import torch' 2>/dev/null") != 0, (
         f"{SYSTEM_PYTHON} imports torch: this test needs a python3 without it")
     course = tmp_path / "course"
@@ -52,7 +62,8 @@ def course_without_torch(tmp_path):
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
-def test_torchrun_in_charliecloud_with_torch_only_in_the_image(sbatch_wait, cluster, tmp_path):
+def test_torchrun_in_charliecloud_with_torch_only_in_the_image(sbatch_wait, cluster, home_tmp):
+    tmp_path = home_tmp
     if not (IMAGE / "usr/bin/python3").exists():
         pytest.fail(f"no Charliecloud image at {IMAGE}: build it with `make container` "
                     "(part of `make setup`)", pytrace=False)

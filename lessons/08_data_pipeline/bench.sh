@@ -24,13 +24,21 @@ SHARED_DATA=${MNIST_FILES:-$COURSE_ROOT/data/mnist-files}
 course_need_file "$SHARED_DATA/folder.tar" "prepare the files once, on the login node: PYTHONPATH=. python lessons/08_data_pipeline/mnist_files.py" || exit 2
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST, $(sinfo --version)"
 
-# What a step gets: on Slurm 22.05 to 23.02 a plain srun gives each task 1 CPU, whatever the
-# job asked for; SRUN_CPUS_PER_TASK (or srun -c) gives it the job's --cpus-per-task.
-# shellcheck disable=SC2016  # expanded by the bash that srun starts, in the step
-step_cpus='scontrol show step "$SLURM_JOB_ID.$SLURM_STEP_ID" | grep -oE "TRES=cpu=[0-9]+" | head -n 1'
+# How many CPUs srun counts for each task: a step of N tasks fits in this job's N CPUs only
+# if srun counts 1 CPU per task. A plain srun of Slurm 22.05 to 23.02 does (it does not take
+# the job's --cpus-per-task: lesson 00, section 6), and the step is created; with
+# SRUN_CPUS_PER_TASK (or srun -c) it counts the job's value per task, and the step is refused.
+n=$SLURM_CPUS_PER_TASK
+counted() {
+    if "$@" --ntasks="$n" true 2>/dev/null; then
+        echo "$n tasks fit in the job's $n CPUs: 1 CPU counted per task"
+    else
+        echo "$n tasks refused: more than 1 CPU counted per task"
+    fi
+}
 unset SRUN_CPUS_PER_TASK
-echo "plain srun:                   $(srun bash -c "$step_cpus")"
-echo "SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun: $(SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK srun bash -c "$step_cpus")"
+echo "plain srun:                   $(counted srun)"
+echo "SRUN_CPUS_PER_TASK=$n srun: $(SRUN_CPUS_PER_TASK=$n counted srun)"
 
 # Where DataLoader workers hand over their batches: /dev/shm, here a tmpfs of the job's own.
 echo "/dev/shm in this job: $(srun df -h --output=size,used,target /dev/shm | tail -n 1)"

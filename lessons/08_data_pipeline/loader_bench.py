@@ -18,17 +18,20 @@ import sys
 import time
 from pathlib import Path
 
-from mnist_files import DataFormError, RandomShift, open_dataset, seed_worker
-from torch.utils.data import DataLoader
+import torch
+from mnist_files import DataFormError, RandomShift, open_dataset
+from torch.utils.data import DataLoader, Subset
 
 
 def drop_from_page_cache(folder: Path) -> int:
-    """Ask the kernel to forget the cached pages of every file under ``folder``."""
+    """Ask the kernel to forget the cached pages of every file under ``folder``. Pages not yet
+    written to disk (a copy just made) cannot be dropped: fsync writes them first."""
     count = 0
     for dirpath, _, names in os.walk(folder):
         for name in names:
             fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
             try:
+                os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
@@ -36,20 +39,20 @@ def drop_from_page_cache(folder: Path) -> int:
     return count
 
 
-def images_per_s(dataset, workers: int, batch: int, limit: int) -> float:
+def images_per_s(dataset, workers: int, batch: int) -> float:
+    """Read ``dataset`` once in random order; time from the first batch on (the workers have
+    started by then), as a training loop sees them after its first step."""
     loader = DataLoader(
         dataset,
         batch_size=batch,
         shuffle=True,  # as DistributedSampler does: reads jump around the files
         num_workers=workers,
-        worker_init_fn=seed_worker,
     )
-    seen = 0
-    t = time.perf_counter()
-    for images, _ in loader:
+    batches = iter(loader)
+    next(batches)
+    seen, t = 0, time.perf_counter()
+    for images, _ in batches:
         seen += len(images)
-        if seen >= limit:
-            break
     return seen / (time.perf_counter() - t)
 
 
@@ -59,7 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--local", type=Path, help="the copy staged on this node's disk")
     p.add_argument("--forms", default="packed,folder")
     p.add_argument("--workers", default="0,1,2,4", help="comma-separated worker counts")
-    p.add_argument("--images", type=int, default=20000, help="images read per case")
+    p.add_argument("--images", type=int, default=20000, help="images timed per case")
     p.add_argument("--batch", type=int, default=128)
     args = p.parse_args(argv)
     try:
@@ -73,10 +76,14 @@ def main(argv=None) -> int:
         for form in args.forms.split(","):
             for place, root in places.items():
                 dataset = open_dataset(form, root, "train", RandomShift())
+                # The same images in every case (a fixed random choice), one batch more than
+                # --images: the first batch is not timed.
+                chosen = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(0))
+                dataset = Subset(dataset, chosen[: args.images + args.batch].tolist())
                 for w in workers:
                     files = drop_from_page_cache(root / form)
-                    cold = images_per_s(dataset, w, args.batch, args.images)
-                    warm = images_per_s(dataset, w, args.batch, args.images)
+                    cold = images_per_s(dataset, w, args.batch)
+                    warm = images_per_s(dataset, w, args.batch)
                     print(f"BENCH form={form} place={place} workers={w} cold={cold:.0f} "
                           f"warm={warm:.0f} images/s ({files} file(s))", flush=True)  # fmt: skip
     except DataFormError as exc:

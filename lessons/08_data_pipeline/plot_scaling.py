@@ -1,6 +1,7 @@
 """Lesson 08: the scaling study's table and plot, from the output of scaling.sh.
 
     python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out [--png scaling.png]
+(scaling.sh runs it at its end.)
 
 Speed-up is throughput over the 1-rank throughput of the same mode; efficiency is speed-up
 over the number of ranks (1.0 = every added rank adds a whole rank's throughput). Strong
@@ -77,6 +78,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("output", type=Path, help="the output file of scaling.sh")
     p.add_argument("--png", type=Path, default=Path("scaling.png"))
+    p.add_argument("--title", help="what the plot's title names (default: the file's name)")
     args = p.parse_args(argv)
     try:
         text = args.output.read_text()
@@ -89,7 +91,8 @@ def main(argv=None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     print(table(cases))
-    plot(cases, args.png, f"{args.output.name}: training throughput, MNIST CNN (lesson 08)")
+    name = args.title or args.output.name
+    plot(cases, args.png, f"{name}: training throughput, MNIST CNN (lesson 08)")
     print(f"plot: {args.png}")
     return 0
 

@@ -7,7 +7,8 @@
 #   sbatch lessons/08_data_pipeline/scaling.sh               # from the course root
 #   STEPS=100 GLOBAL_BATCH=512 RANK_BATCH=128 sbatch lessons/08_data_pipeline/scaling.sh
 #   SHAPES="1x1 2x2" MODES=weak sbatch ...                  # some of the cases only
-#   python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out   # table + scaling.png
+# At the end it prints the table and writes the plot, scaling-<jobid>.png, beside its output
+# file (plot_scaling.py; run it again on scaling-<jobid>.out any time).
 #
 #SBATCH --job-name=scaling
 #SBATCH --nodes=2
@@ -41,9 +42,11 @@ for v in STEPS GLOBAL_BATCH RANK_BATCH; do
     [[ ${!v} =~ ^[0-9]+$ && ${!v} -ge 6 ]] || { echo "error: $v='${!v}' must be a whole number >= 6" >&2; exit 2; }
 done
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST, $(sinfo --version), $STEPS steps per case"
-echo "SCALING host_cpus=$(nproc --all) gpus_per_node=${SLURM_GPUS_ON_NODE:-0} steps=$STEPS"
+# The load of the machine when the study starts: other work on the nodes skews every figure.
+echo "SCALING host_cpus=$(nproc --all) load_1min=$(cut -d " " -f 1 /proc/loadavg) gpus_per_node=${SLURM_GPUS_ON_NODE:-0} steps=$STEPS"
 
 DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
+RESULTS=$(mktemp)  # this job's lines, for the table at the end
 bash "$LESSON/stage.sh" packed "$SHARED_DATA" "$DATA" sbcast
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 # 1 rank; 2 ranks on one node; 2 ranks on two nodes; 4 ranks.
@@ -52,10 +55,13 @@ for shape in $SHAPES; do
     for mode in $MODES; do
         batch=(--batch-size "$GLOBAL_BATCH")
         [[ $mode == weak ]] && batch=(--per-rank-batch "$RANK_BATCH")
-        echo "SCALING mode=$mode nodes=$nodes ranks_per_node=$per_node"
+        echo "SCALING mode=$mode nodes=$nodes ranks_per_node=$per_node" | tee -a "$RESULTS"
         srun --nodes="$nodes" --ntasks-per-node="$per_node" --ntasks=$((nodes * per_node)) \
             python "$LESSON/train.py" --data-dir "$DATA" --form packed --max-steps "$STEPS" \
-            --no-eval "${batch[@]}" "$@"
+            --no-eval "${batch[@]}" "$@" | tee -a "$RESULTS"
     done
 done
+# The plot goes beside this job's output file: scaling-<jobid>.out -> scaling-<jobid>.png.
+out=$(scontrol show job --oneliner "$SLURM_JOB_ID" | sed -n 's/.*StdOut=\([^ ]*\).*/\1/p')
+python "$LESSON/plot_scaling.py" "$RESULTS" --title "scaling-$SLURM_JOB_ID" --png "${out%.out}.png"
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
