@@ -81,6 +81,7 @@ EVERY_SLURM = (
     "tests/test_lesson06.py::test_wrong_interface",
     "tests/test_lesson06.py::test_world_size_exported_wrong",
     "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1",
+    "tests/test_lesson08.py::test_job_sh_stages_the_folder_form_with_srun_and_trains",
 )
 
 
