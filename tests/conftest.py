@@ -59,6 +59,7 @@ EVERY_SLURM = (
     "tests/test_cluster.py::test_sinfo_shows_two_nodes_with_two_gpus",
     "tests/test_cluster.py::test_srun_two_nodes_two_tasks_each",
     "tests/test_cluster.py::test_sbatch_wait_returns_the_job_exit_code",
+    "tests/test_cluster.py::test_srun_takes_cpus_per_task_from_the_job_from_23_11",
     "tests/test_cluster.py::test_gloo_all_reduce_between_nodes",
     "tests/test_cluster.py::test_nodes_are_separate_hosts_on_a_network",
     "tests/test_cluster.py::test_up_is_idempotent_and_down_leaves_nothing",

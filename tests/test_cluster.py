@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import slurm_version
 
 ROOT = Path(__file__).resolve().parents[1]
 UP = ROOT / "cluster" / "up.sh"
@@ -193,6 +194,31 @@ def test_sbatch_wait_returns_the_job_exit_code(sbatch_wait, tmp_path):
     result = sbatch_wait(step_fails, "--nodes=2", timeout=120)
     assert result.returncode != 0 and "not reached" not in result.output, result.output
 
+
+
+def test_srun_takes_cpus_per_task_from_the_job_from_23_11(sbatch_wait, tmp_path):
+    """Slurm 22.05 to 23.02: a plain srun counts 1 CPU per task (it does not read the job's
+    SLURM_CPUS_PER_TASK; SRUN_CPUS_PER_TASK or -c tell it); from 23.11 it takes the job's value
+    again. A step of 4 tasks in a job of 2 tasks x 2 CPUs fits only when srun counts 1 each.
+    24.11 also tells the job its per-task TRES (SLURM_TRES_PER_TASK)."""
+    script = tmp_path / "cpus.sh"
+    script.write_text(
+        "#!/bin/bash\n#SBATCH --nodes=1 --ntasks=2 --cpus-per-task=2 --time=00:05:00\n"
+        "unset SRUN_CPUS_PER_TASK\n"
+        'srun --ntasks=4 true 2>/dev/null && echo "plain: ran" || echo "plain: refused"\n'
+        'SRUN_CPUS_PER_TASK=2 srun --ntasks=4 true 2>/dev/null && echo "told: ran" '
+        '|| echo "told: refused"\n'
+        'echo "SLURM_TRES_PER_TASK=${SLURM_TRES_PER_TASK:-unset}"\n'
+    )
+    result = sbatch_wait(script, timeout=120)
+    assert result.returncode == 0, result.output
+    inherits = slurm_version() >= (23, 11)
+    assert f"plain: {'refused' if inherits else 'ran'}" in result.output, result.output
+    assert "told: refused" in result.output, result.output
+    if slurm_version() >= (24, 11):
+        assert "SLURM_TRES_PER_TASK=cpu=2" in result.output, result.output
+    elif slurm_version() < (23, 0):
+        assert "SLURM_TRES_PER_TASK=unset" in result.output, result.output
 
 def free_port():
     with socket.socket() as s:
