@@ -309,6 +309,10 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
             # ... and the nodes' network: no namespace, veth pair or bridge of ours is left.
             assert "course-node" not in run("ip", "netns", "list").stdout
             assert "course-" not in run("ip", "-o", "link", "show").stdout
+            # ... and nothing of the jobs' private /tmp (job_container/tmpfs) stays mounted.
+            table = Path("/proc/self/mountinfo").read_text().splitlines()
+            mounts = [line.split()[4] for line in table]
+            assert not [m for m in mounts if m.startswith(str(CLUSTER_ROOT))], mounts
             assert run("bash", DOWN, timeout=60).returncode == 0  # down twice is fine
 
             proc = up()
