@@ -83,13 +83,16 @@ def make_loader(dataset, sampler, batch: int, workers: int, args, device, rank: 
     )
 
 
-def evaluate_exact(model, dataset, env, device, workers: int, args) -> tuple[float, float, int]:
+def evaluate_exact(model, dataset, env, device, workers: int) -> tuple[float, float, int]:
     """Every test image scored exactly once: (loss, accuracy %, images scored).
 
     DistributedSampler pads its indices with repeats so that every rank gets the same number
     (10,000 images on 3 ranks: 3 x 3,334 = 10,002 scored). Evaluation has no collective per
     step, so the ranks may take different numbers of images: rank r takes r, r + W, r + 2W...
     """
+    # Every rank scores with rank 0's BatchNorm statistics (lesson 03 says why they differ).
+    for buffer in model.buffers():
+        dist.broadcast(buffer, src=0)
     shard = Subset(dataset, range(env.rank, len(dataset), env.world_size))
     loader = DataLoader(shard, batch_size=500, num_workers=min(workers, 2))
     model.eval()
@@ -183,7 +186,7 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
             print0(f"THROUGHPUT ranks={env.world_size} nodes={env.num_nodes} "
                    f"per_rank_batch={per_rank_batch} images_per_s={rate:.1f}")  # fmt: skip
     if not args.no_eval:
-        test_loss, test_acc, count = evaluate_exact(model, test_set, env, device, workers, args)
+        test_loss, test_acc, count = evaluate_exact(model, test_set, env, device, workers)
         print0(f"test_loss {test_loss:.4f} | test_acc {test_acc:.2f}% | {count} images scored "
                f"once each (a DistributedSampler would have scored {padded})")  # fmt: skip
 
