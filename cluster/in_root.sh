@@ -1,13 +1,13 @@
 #!/bin/bash
 # Run a daemon of the local cluster from a Slurm version's root (cluster/slurm_root.sh), as a
 # host that runs that Debian release: cluster/up.sh starts every daemon of such a version with
-#   [nsenter --net=<node's namespace>] unshare --uts --mount --propagation private \
-#       bash cluster/in_root.sh ROOT HOSTNAME PATH... -- COMMAND...
-# In its own (private) mount namespace it binds this machine's /proc, /sys and /dev, and every
-# PATH (the users' files, the course, Python, the cluster's state and logs, /etc/passwd and
-# /etc/hosts, munge's socket, ...) onto the same path in ROOT, makes ROOT the namespace's root
-# (pivot_root, not chroot: a job may create namespaces of its own, as Charliecloud's ch-run does,
-# which the kernel refuses to a chrooted process), names the host HOSTNAME and runs COMMAND.
+#   [nsenter --net=<node's namespace>] bash cluster/in_root.sh ROOT HOSTNAME PATH... -- COMMAND...
+# It makes the daemon a private mount namespace and a UTS namespace of its own (see
+# new_namespace), binds this machine's /proc, /sys and /dev there, and every PATH (the users'
+# files, the course, Python, the cluster's state and logs, /etc/passwd and /etc/hosts, munge's
+# socket, ...) onto the same path in ROOT, makes ROOT the namespace's root (pivot_root, not
+# chroot: a job may create namespaces of its own, as Charliecloud's ch-run does, which the
+# kernel refuses to a chrooted process), names the host HOSTNAME and runs COMMAND.
 # Those mounts exist only in that namespace: they go away with the daemon and its jobs.
 set -euo pipefail
 
@@ -15,6 +15,68 @@ die() {
     echo "in_root.sh: error: $*" >&2
     exit 1
 }
+
+# The id the kernel gave mount namespace FILE (ioctl NS_GET_MNTNS_ID; perl is part of every
+# Debian system), or nothing where the kernel has no such ioctl (before 6.8).
+ns_id() {
+    perl -e 'open(my $f, "<", $ARGV[0]) or exit 1; my $b = "\0" x 8;
+        ioctl($f, 0x8008b705, $b) or exit 1; print unpack("Q", $b), "\n"' "$1" 2>/dev/null || true
+}
+
+# new_namespace TRY ARGS...: run this script again with ARGS in a new private mount namespace
+# (and UTS namespace) whose id is lower than that of every mount namespace made after it.
+# Why: job_container/tmpfs (the per-job /tmp) keeps a job's mount namespace by bind-mounting
+# /proc/<pid>/ns/mnt, from slurmstepd in the daemon's namespace, and the kernel refuses that
+# unless the job's namespace has the higher id (mnt_ns_loop in fs/namespace.c): "_create_ns: ns
+# base mount failed: Invalid argument" in slurmd's log, and the job fails. From Linux 6.18 on,
+# each CPU hands out mount namespace ids from a block of 4096 of its own, so a namespace made
+# later on another CPU can have a lower id. (22.05's slurmd runs in this machine's own, older
+# namespace.) So: take one id on each CPU this process may use, make the daemon's namespace on
+# the CPU whose next id is the lowest, and check in it that its id is below the next id of
+# every other CPU (else try again); the daemon then runs on all those CPUs again.
+new_namespace() {
+    local try=$1 cpus part a b cpu ids=() list=() low=0 below="" i
+    shift
+    cpus=$(taskset -pc $$)
+    cpus=${cpus##*: }
+    for part in ${cpus//,/ }; do
+        a=${part%-*} b=${part#*-}
+        for ((cpu = a; cpu <= b; cpu++)); do list+=("$cpu"); done
+    done
+    if ((${#list[@]} > 1)) && [[ -n $(ns_id /proc/self/ns/mnt) ]]; then
+        for cpu in "${list[@]}"; do
+            ids+=("$(taskset -c "$cpu" unshare --mount --propagation unchanged \
+                "$BASH" -c "$(declare -f ns_id); ns_id /proc/self/ns/mnt")")
+        done
+        for i in "${!ids[@]}"; do
+            if ((ids[i] < ids[low])); then low=$i; fi
+        done
+        for i in "${!ids[@]}"; do
+            if ((i != low)) && [[ -z $below || ${ids[i]} -lt $below ]]; then below=${ids[i]}; fi
+        done
+        cpu=${list[low]}
+    else
+        cpu=$cpus # one CPU, or a kernel whose namespace ids only grow: any will do
+    fi
+    exec taskset -c "$cpu" unshare --uts --mount --propagation private \
+        "$BASH" "$0" --in-namespace "$try" "$cpus" "${below:-0}" "$@"
+}
+
+if [[ ${1:-} != --in-namespace ]]; then
+    new_namespace 1 "$@"
+fi
+try=$2 cpus=$3 below=$4
+shift 4
+# Everything below mounts and pivots: never in the caller's own namespace (this machine's).
+[[ $(readlink /proc/self/ns/mnt) != "$(readlink /proc/$PPID/ns/mnt)" ]] ||
+    die "--in-namespace is for in_root.sh itself: run it without"
+taskset -pc "$cpus" $$ >/dev/null
+if ((below > 0)) && (($(ns_id /proc/self/ns/mnt) >= below)); then
+    # Another CPU took a new block meanwhile (rare): again, from this namespace.
+    ((try < 5)) && new_namespace $((try + 1)) "$@"
+    echo "in_root.sh: warning: no mount namespace with the lowest id after $try tries:" \
+        "a job's private /tmp may fail (ns base mount failed)" >&2
+fi
 
 [[ $# -ge 4 ]] || die "usage: in_root.sh ROOT HOSTNAME PATH... -- COMMAND..."
 root=$1 host=$2

@@ -203,12 +203,6 @@ render_configs() {
         "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list" "VERSION_LINES=$version_lines")
-    # Not yet with a version from a root: its job_container/tmpfs cannot pin a job's namespace
-    # from in_root.sh's mount namespace ("_create_ns: ns base mount failed: Invalid argument",
-    # slurmd-nodeN.log, 24.11.5), so its jobs share /tmp as on a cluster without the plugin.
-    if [[ -n $SLURM_ROOT ]]; then
-        SLURM_CONF_TEXT=${SLURM_CONF_TEXT//$'\n'JobContainerType=/$'\n'#JobContainerType=}
-    fi
     GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
     local disk_lines=""
     for ((i = 1; i <= NODES; i++)); do
@@ -442,7 +436,7 @@ start_slurm_daemon() {
     if [[ -z $SLURM_ROOT ]]; then
         start_daemon "$LOG_DIR/start.log" "${enter[@]}" unshare --uts sh -c "hostname $host && exec $*"
     else
-        start_daemon "$LOG_DIR/start.log" "${enter[@]}" unshare --uts --mount --propagation private \
+        start_daemon "$LOG_DIR/start.log" "${enter[@]}" \
             bash "$HERE/in_root.sh" "$SLURM_ROOT" "$host" "${ROOT_BINDS[@]}" -- "$@"
     fi
 }
