@@ -135,10 +135,12 @@ def test_job_sh_stages_the_folder_form_with_srun_and_trains(data, cluster, tmp_p
 @pytest.mark.timeout(300)
 def test_bench_probe_and_scaling_jobs_run(data, cluster, tmp_path):
     status, out = submit_job(tmp_path, LESSON / "bench.sh", "--images", "256", "--workers", "0",
-                             timeout=180)  # fmt: skip
+                             env={"FORMS": "packed"}, timeout=180)  # fmt: skip
     assert status == 0, out
     assert re.search(r"SRUN_CPUS_PER_TASK=4 srun: 4 tasks refused", out), out
-    assert len(re.findall(r"^BENCH ", out, re.M)) == 4, out  # 2 forms x 2 places
+    assert "/dev/shm in this job:" in out, out
+    places = re.findall(r"^BENCH form=packed place=(\w+) workers=0 ", out, re.M)
+    assert places == ["shared", "local"], out
     status, out = submit_job(tmp_path, LESSON / "probe.sh", timeout=120)
     assert status == 0, out
     assert "right       4 different sequence(s)" in out, out  # 2 ranks x 2 workers

@@ -5,6 +5,7 @@
 #
 #   sbatch lessons/08_data_pipeline/bench.sh                 # from the course root
 #   sbatch lessons/08_data_pipeline/bench.sh --images 60000  # more arguments: loader_bench.py
+#   FORMS=packed sbatch lessons/08_data_pipeline/bench.sh    # one form only
 #
 #SBATCH --job-name=loader-bench
 #SBATCH --nodes=1
@@ -44,8 +45,11 @@ echo "SRUN_CPUS_PER_TASK=$n srun: $(SRUN_CPUS_PER_TASK=$n counted srun)"
 echo "/dev/shm in this job: $(srun df -h --output=size,used,target /dev/shm | tail -n 1)"
 
 LOCAL_DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
-bash "$LESSON/stage.sh" packed "$SHARED_DATA" "$LOCAL_DATA" sbcast
-bash "$LESSON/stage.sh" folder "$SHARED_DATA" "$LOCAL_DATA" sbcast
+FORMS=${FORMS:-packed folder}
+for form in $FORMS; do
+    bash "$LESSON/stage.sh" "$form" "$SHARED_DATA" "$LOCAL_DATA" sbcast
+done
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
-srun python "$LESSON/loader_bench.py" --shared "$SHARED_DATA" --local "$LOCAL_DATA" "$@"
+srun python "$LESSON/loader_bench.py" --shared "$SHARED_DATA" --local "$LOCAL_DATA" \
+    --forms "${FORMS// /,}" "$@"
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
