@@ -149,7 +149,11 @@ def killed_rank(folder: Path) -> float:
 
 def main() -> int:
     grace = re.search(r"GraceTime=(\d+)", slurm("scontrol", "show", "partition", "-o"))
-    kill_wait = re.search(r"KillWait\s*=\s*(\d+)", slurm("scontrol", "show", "config"))
+    config = slurm("scontrol", "show", "config")
+    kill_wait = re.search(r"KillWait\s*=\s*(\d+)", config)
+    # The requeue hold: AuthInfo's cred_expire (120 s when the site does not set it).
+    cred = re.search(r"cred_expire=(\d+)", config)
+    hold = cred[1] if cred else "120"
     print(f"cluster: {slurm('sinfo', '--version')}, GraceTime {grace[1] if grace else '?'} s, "
           f"KillWait {kill_wait[1] if kill_wait else '?'} s, requeue.sh with "
           f"{' '.join(SMALL[1:3])} (4 ranks on 2 nodes)")  # fmt: skip
@@ -160,7 +164,7 @@ def main() -> int:
             saved, stopped, cycle = stop_and_requeue(folder)
             print(f"signal to checkpoint saved:       {saved:6.1f} s")
             print(f"signal to srun ended (requeue):   {stopped:6.1f} s")
-            print(f"requeue to resumed training:      {cycle:6.1f} s (hold released at once)")
+            print(f"requeue to resumed training:      {cycle:6.1f} s (through the {hold} s hold)")
         if "warning" in which:
             lead = warning_lead(folder)
             print(f"--signal=B:USR1@60 came           {lead:6.1f} s before the end (asked: 60 s)")

@@ -22,6 +22,8 @@ import torch
 from mnist_files import DataFormError, RandomShift, open_dataset
 from torch.utils.data import DataLoader, Subset
 
+from common.env import usable_cpus
+
 
 def drop_from_page_cache(folder: Path) -> int:
     """Ask the kernel to forget the cached pages of every file under ``folder``. Pages not yet
@@ -71,7 +73,7 @@ def main(argv=None) -> int:
         p.error(f"--workers {args.workers!r}: give whole numbers, e.g. 0,1,2")
     places = {"shared": args.shared} | ({"local": args.local} if args.local else {})
     print(f"{args.images} images per case, batch {args.batch}, host {os.uname().nodename}, "
-          f"{len(os.sched_getaffinity(0))} CPU(s) usable", flush=True)  # fmt: skip
+          f"{usable_cpus()[0]} CPU(s) usable", flush=True)  # fmt: skip
     try:
         for form in args.forms.split(","):
             for place, root in places.items():
