@@ -45,7 +45,7 @@ data: venv
 	PYTHONPATH=. $(PY) lessons/08_data_pipeline/mnist_files.py
 
 # Lesson 04's Charliecloud image (Debian 12 + torch, a directory under /var/cache/course-charliecloud):
-# built once (about a minute; installs charliecloud and debootstrap when missing), reused after.
+# built once (about 2 minutes, 5.6 GB; installs charliecloud and debootstrap when missing), reused after.
 container:
 	bash lessons/04_torchrun_enroot/charliecloud_image.sh
 

@@ -22,9 +22,12 @@ from test_lesson04 import check_training
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "lessons/04_torchrun_enroot"
 IMAGE = Path(os.environ.get("COURSE_CHARLIECLOUD_IMAGE")
-             or "/var/cache/course-charliecloud/bookworm-torch-2.13.0")  # env.sh's default
+             or "/var/cache/course-charliecloud/bookworm-torch-2.14.1")  # env.sh's default
 SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's: no torch
 JOB_TIMEOUT = 120
+# The torch the image holds, as charliecloud_image.sh pins it (PyPI's wheel reports +cu130).
+TORCH_IN_IMAGE = re.search(r"^TORCH_VERSION=(\S+)$", (ROOT / LESSON / "charliecloud_image.sh")
+                           .read_text(), re.MULTILINE)[1]
 IMAGE_LINE = re.compile(r"^\d+: (node\d+): image: (\S+), torch (\S+): (\S+)$", re.MULTILINE)
 
 
@@ -78,7 +81,7 @@ def test_torchrun_in_charliecloud_with_torch_only_in_the_image(sbatch_wait, clus
     images = {m[1]: m.groups()[1:] for m in IMAGE_LINE.finditer(out)}
     assert sorted(images) == cluster["nodes"], out
     for python, version, torch_file in images.values():
-        assert python == "/usr/bin/python3" and version == "2.13.0+cpu", out
+        assert python == "/usr/bin/python3" and version.split("+")[0] == TORCH_IN_IMAGE, out
         # a path inside the image: there in the image directory, not on the host
         assert (IMAGE / torch_file.lstrip("/")).is_file(), torch_file
         assert not Path(torch_file).exists(), torch_file
@@ -107,6 +110,7 @@ def test_sample_output_has_the_shape_of_a_run():
                      re.MULTILINE), out  # fmt: skip
     images = {m[1]: m.groups()[1:] for m in IMAGE_LINE.finditer(out)}
     assert sorted(images) == ["node1", "node2"], out
-    assert all(v[:2] == ("/usr/bin/python3", "2.13.0+cpu") for v in images.values()), out
+    assert all(v[0] == "/usr/bin/python3" and v[1].split("+")[0] == TORCH_IN_IMAGE
+               for v in images.values()), out
     assert len(re.findall(r"^\d+: node\d: host: \S+, torch: none$", out, re.MULTILINE)) == 2, out
     check_training(out, nodes=2, per_node=2, hosts=["node1", "node2"])

@@ -1,9 +1,10 @@
 #!/bin/bash
 # Build the Charliecloud image of lesson 04 once: a Debian 12 (bookworm) root made by
-# debootstrap, with python3 and, from pip, torch==2.13.0 (CPU), numpy and python-hostlist.
+# debootstrap, with python3 and, from pip, torch==2.14.1 (PyPI's CUDA build), numpy and
+# python-hostlist: the host's pip downloads them (image_wheels.sh), the image's installs them.
 #     bash lessons/04_torchrun_enroot/charliecloud_image.sh        (as root; or: make container)
 # It prints the image's path on its last line. The image is a plain directory,
-#     $COURSE_CHARLIECLOUD_CACHE/bookworm-torch-2.13.0   (default cache: /var/cache/course-charliecloud)
+#     $COURSE_CHARLIECLOUD_CACHE/bookworm-torch-2.14.1   (default cache: /var/cache/course-charliecloud)
 # named after what it holds, and is reused once it is there (a second run takes a second).
 # It is built in a temporary folder beside it and renamed into place at the very end, so an
 # interrupted build leaves no half image behind (the next run removes the leftover folder).
@@ -14,14 +15,17 @@
 #     (debootstrap's minbase has none, and without it no node name resolves inside);
 #   - empty folders to bind the host's onto (the image is read-only at run time, and ch-run
 #     creates no mount point then): /work, /scratch, /project, /data, beside /home, /mnt, /opt;
-#   - the host's CA bundle while pip runs inside (bound at /etc/ssl/certs), or pip cannot
-#     verify the registry;
 #   - and ch-run itself needs $USER set on the host.
 set -euo pipefail
 
 SUITE=bookworm
-TORCH_VERSION=2.13.0
-PIP_PACKAGES=("torch==$TORCH_VERSION" numpy python-hostlist)
+# Debian 12's python3 is 3.11: the wheels are downloaded for it (image_wheels.sh).
+IMAGE_PYTHON=3.11
+# PyPI's torch wheel for Linux, the CUDA 13.0 build with NCCL and the CUDA libraries as pip
+# packages, as the course's venv (requirements.txt): the image runs on a GPU node as it is,
+# and on a CPU node too. It is what makes the image large (about 6 GB).
+TORCH_VERSION=2.14.1
+PIP_PACKAGES=("torch==$TORCH_VERSION" numpy python-hostlist==2.3.0)
 # Folders the job may bind host folders onto (besides /home, /mnt, /opt, /srv of Debian).
 MOUNT_POINTS=(/work /scratch /project /data)
 CACHE=${COURSE_CHARLIECLOUD_CACHE:-/var/cache/course-charliecloud}
@@ -70,7 +74,7 @@ fi
 # Leftovers of an interrupted build (we hold the lock: nobody else is building).
 rm -rf "$CACHE/.$NAME.tmp."*
 tmp=$CACHE/.$NAME.tmp.$$
-trap 'rm -rf "$tmp"' EXIT
+trap 'rm -rf "$tmp" "$tmp.wheels"' EXIT
 start=$SECONDS
 
 echo "building the Charliecloud image $IMAGE: debootstrap $SUITE from $MIRROR"
@@ -84,33 +88,16 @@ touch "$tmp/etc/hosts" "$tmp/etc/resolv.conf"
 mkdir -p "${MOUNT_POINTS[@]/#/$tmp}"
 rm -rf "$tmp"/var/cache/apt/archives/*.deb "$tmp"/var/lib/apt/lists/*
 
-# pip inside the image, configured as the host's pip is (find-links folders and local
-# indexes, bound at the same paths), trusting the host's CA bundle.
-pip_env=(--set-env=PIP_CERT=/etc/ssl/certs/ca-certificates.crt --set-env=PIP_DISABLE_PIP_VERSION_CHECK=1)
-binds=(-b /etc/ssl/certs:/etc/ssl/certs)
-host_python=$(command -v python3)
-while IFS= read -r line; do
-    # "global.find-links='/opt/wheels'" -> PIP_FIND_LINKS=/opt/wheels
-    [[ $line =~ ^[a-z:]+\.([a-z-]+)=\'(.*)\'$ ]] || continue
-    key=${BASH_REMATCH[1]} value=${BASH_REMATCH[2]}
-    key=${key//-/_}
-    pip_env+=("--set-env=PIP_${key^^}=$value")
-    for word in $value; do
-        word=${word#file://}
-        [[ $word == /* && -e $word && $word != /etc/ssl/certs* ]] || continue
-        [[ $word == */simple ]] && word=${word%/simple} # the index links to ../files
-        binds+=(-b "$word:$word")
-    done
-done < <("$host_python" -m pip config list 2>/dev/null || true)
-
-echo "pip install ${PIP_PACKAGES[*]} inside the image"
-ch-run -w "${binds[@]}" --env-no-expand "${pip_env[@]}" "$tmp" -- \
-    python3 -m pip install -q --root-user-action=ignore --break-system-packages --no-cache-dir "${PIP_PACKAGES[@]}"
-# The bind targets pip needed (ch-run -w made them) are empty folders: remove them.
-for ((i = 1; i < ${#binds[@]}; i += 2)); do
-    dst=${binds[i]#*:}
-    [[ $dst == /etc/ssl/certs ]] || rmdir -p --ignore-fail-on-non-empty "$tmp$dst" 2>/dev/null || true
-done
+# The wheels come from the host's pip, set up for this site as it is (image_wheels.sh says why);
+# pip inside the image installs them from that one folder, bound at /mnt, with no index, no
+# network and no configuration: --isolated and --unset-env keep the host's PIP_* variables out.
+echo "pip download ${PIP_PACKAGES[*]} on the host, for the image's Python $IMAGE_PYTHON"
+COURSE_IMAGE_PYTHON=$IMAGE_PYTHON bash "$(dirname "$0")/image_wheels.sh" "$tmp.wheels" "${PIP_PACKAGES[@]}"
+echo "pip install ${PIP_PACKAGES[*]} inside the image, from those wheels"
+ch-run -w -b "$tmp.wheels:/mnt" --unset-env='PIP_*' "$tmp" -- \
+    python3 -m pip install --isolated -q --root-user-action=ignore --break-system-packages \
+    --no-cache-dir --no-index --find-links /mnt "${PIP_PACKAGES[@]}"
+rm -rf "$tmp.wheels"
 mkdir -p "$tmp/opt"
 
 ch-run "$tmp" -- python3 -c 'import torch, numpy, hostlist; print("torch", torch.__version__, "from", torch.__file__)'

@@ -36,7 +36,7 @@ charliecloud) CONTAINER_COMMAND=ch-run ;;
     ;;
 esac
 # Charliecloud runs an image directory, built once by charliecloud_image.sh (make container).
-CHARLIECLOUD_IMAGE=${COURSE_CHARLIECLOUD_IMAGE:-/var/cache/course-charliecloud/bookworm-torch-2.13.0}
+CHARLIECLOUD_IMAGE=${COURSE_CHARLIECLOUD_IMAGE:-/var/cache/course-charliecloud/bookworm-torch-2.14.1}
 # Apptainer runs a .sif file, built once from the same image (on a login node):
 #     apptainer pull $HOME/apptainer-images/pytorch-25.01-py3.sif docker://nvcr.io/nvidia/pytorch:25.01-py3
 APPTAINER_IMAGE=${COURSE_APPTAINER_IMAGE:-$HOME/apptainer-images/pytorch-25.01-py3.sif}
