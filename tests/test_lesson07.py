@@ -143,6 +143,23 @@ def test_checkpoint_of_another_recipe_is_one_line(five_steps):
     ], proc.stderr
 
 
+@pytest.mark.timeout(TIMEOUT + 30)
+@pytest.mark.parametrize(("nprocs", "name", "why"), [
+    (1, "ckpt", "is a file, not a folder"),
+    (2, "ckpt/sub", "is under {file}, a file"),  # 2 ranks: both stop, neither waits
+])  # fmt: skip
+def test_checkpoint_dir_that_is_a_file_is_one_line(nprocs, name, why, tmp_path):
+    """Refused before the process group, so before any training; the file is left alone."""
+    file = tmp_path / "ckpt"
+    file.write_bytes(b"not a folder")
+    proc = train(nprocs, "--checkpoint-dir", str(tmp_path / name))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    line = (f"error: --checkpoint-dir {tmp_path / name} {why.format(file=file)}: give a folder "
+            "(it is created if missing), e.g. --checkpoint-dir checkpoints/fsdp-demo")
+    assert proc.stderr.strip().splitlines() == [line] * nprocs, proc.stderr
+    assert proc.stdout == "" and file.read_bytes() == b"not a folder", proc.stdout
+
+
 def test_export_without_a_checkpoint_is_one_line(tmp_path):
     proc = subprocess.run([sys.executable, str(LESSON / "export.py"), str(tmp_path)],
                           capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT,
