@@ -4,7 +4,9 @@
 #   sbatch lessons/00_slurm_basics/memory.sh                         (from the course root)
 #
 # Where SLURM enforces memory (cgroups: TaskPlugin=task/cgroup with ConstrainRAMSpace=yes),
-# the step is killed by the kernel's out-of-memory killer and the job ends OUT_OF_MEMORY.
+# the step's task is killed by the kernel's out-of-memory killer: the step ends OUT_OF_MEMORY
+# and, as srun then fails, the job FAILED (a job ends OUT_OF_MEMORY only when its batch script
+# itself goes over).
 # Where it does not, nothing stops the job: it takes memory that other jobs on the node were
 # promised. Either way, ask for what the job uses (seff shows it after a job ended).
 #SBATCH --job-name=memory
