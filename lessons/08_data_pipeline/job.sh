@@ -47,7 +47,9 @@ fi
 
 # Slurm 22.05 to 23.02: srun does not take --cpus-per-task from the job (it did before, and does
 # again from 23.11), and each task would get one CPU for its training and its loader workers.
-# SRUN_CPUS_PER_TASK is srun's input variable for it (srun -c "$SLURM_CPUS_PER_TASK" is the same).
+# There SRUN_CPUS_PER_TASK is srun's input variable for -c (srun -c "$SLURM_CPUS_PER_TASK" is the
+# same). 23.11 replaced it with SLURM_CPUS_PER_TASK (NEWS of 23.11.0rc1, src/srun/opt.c), which
+# the job already has: from 23.11 srun ignores this export and takes -c from the job instead.
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 srun python "$LESSON/train.py" --data-dir "$DATA" --form "$FORM" "$@"
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
