@@ -153,22 +153,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.epochs, args.batch_size, args.width, args.depth, args.stop_check_every) < 1:
         p.error("--epochs, --batch-size, --width, --depth, --stop-check-every must be >= 1")
-    # Checked here, before the process group: a file where the folder should be would
-    # otherwise surface as DCP's NotADirectoryError at the first save, after the training.
-    if args.checkpoint_dir and (problem := not_a_folder(args.checkpoint_dir)):
-        p.exit(2, f"error: --checkpoint-dir {args.checkpoint_dir} {problem}: give a folder "
-                  "(it is created if missing), e.g. --checkpoint-dir checkpoints/fsdp-demo\n")
     return args
-
-
-def not_a_folder(path: Path) -> str:
-    """Why ``path`` cannot be (or become) a folder: it, or a folder above it, is a file."""
-    for place in (path, *path.parents):
-        if place.is_dir():
-            return ""
-        if place.exists():
-            return "is a file, not a folder" if place == path else f"is under {place}, a file"
-    return ""
 
 
 # --------------------------------------------------------------------------- DCP checkpoints
@@ -415,9 +400,26 @@ def _progress(args, epoch, step, done, loss_sum, env) -> dict:
             "count": int(loss_sum[1]), "world_size": env.world_size, "recipe": recipe}
 
 
+def not_a_folder(path: Path) -> str:
+    """Why ``path`` cannot be (or become) a folder: it, or a folder above it, is a file."""
+    for place in (path, *path.parents):
+        if place.is_dir():
+            return ""
+        if place.exists():
+            return "is a file, not a folder" if place == path else f"is under {place}, a file"
+    return ""
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     stop = StopRequest()  # before anything slow: the default action of SIGUSR1 ends the process
+    # A file where the folder should be: said now, by every rank and before the process group,
+    # not as DCP's NotADirectoryError at the first save, after the training.
+    if args.checkpoint_dir and (problem := not_a_folder(args.checkpoint_dir)):
+        print(f"error: --checkpoint-dir {args.checkpoint_dir} {problem}: give a folder (it is "
+              "created if missing), e.g. --checkpoint-dir checkpoints/fsdp-demo",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 2
     env = None
     try:
         # Who am I? Rank, local rank, world size, rank 0's host and port: from srun's SLURM_*
