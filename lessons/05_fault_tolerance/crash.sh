@@ -35,8 +35,14 @@ NPROC_PER_NODE=${NPROC_PER_NODE:-2}  # workers per node: one per GPU
 MAX_RESTARTS=${MAX_RESTARTS:-1}
 # CPU threads per worker (unset, torchrun would set 1 and print a warning about it).
 export OMP_NUM_THREADS=$(( SLURM_CPUS_PER_TASK / NPROC_PER_NODE > 0 ? SLURM_CPUS_PER_TASK / NPROC_PER_NODE : 1 ))
-CHECKPOINT=${CHECKPOINT:-$COURSE_ROOT/checkpoints/ft-crash-$SLURM_JOB_ID.pt}
-rm -f "$CHECKPOINT"  # this job starts afresh; a restart within it resumes
+# A checkpoint of this job's own, so that it starts afresh (a restart within it resumes), unless
+# CHECKPOINT names one: that run goes on (or starts, if the file is not there yet), and nothing
+# of it is deleted. An old file under this job's name (job ids start again on a new cluster) is
+# moved aside, as requeue.sh does.
+if [[ -z ${CHECKPOINT:-} ]]; then
+    CHECKPOINT=$COURSE_ROOT/checkpoints/ft-crash-$SLURM_JOB_ID.pt
+    if [[ ${SLURM_RESTART_COUNT:-0} == 0 && -e $CHECKPOINT ]]; then mv "$CHECKPOINT" "$CHECKPOINT.old"; fi
+fi
 
 eval "$(python -m common.env --export)"
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x" \
