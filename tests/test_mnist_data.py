@@ -21,7 +21,7 @@ def data_dir() -> Path:
 
 def test_prepared_files_match_published_md5(data_dir):
     for name, want in mnist.MD5.items():
-        assert mnist.md5sum(data_dir / name) == want, name
+        assert mnist.md5sum(mnist.raw_dir(data_dir) / name) == want, name
 
 
 def test_loader_shapes_and_labels(data_dir):
@@ -37,7 +37,7 @@ def test_loader_shapes_and_labels(data_dir):
 def _corrupted_copy(data_dir: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "mnist"
     shutil.copytree(data_dir, copy)
-    target = copy / "t10k-labels-idx1-ubyte"
+    target = mnist.raw_dir(copy) / "t10k-labels-idx1-ubyte"
     raw = bytearray(target.read_bytes())
     raw[100] = (raw[100] + 1) % 10  # one label changed: same size, same header
     target.write_bytes(bytes(raw))
@@ -61,14 +61,18 @@ def test_corrupted_copy_cli_error_then_force_repairs(data_dir, tmp_path):
     assert "t10k-labels-idx1-ubyte" in bad.stderr and "--force" in bad.stderr
     fixed = subprocess.run(cmd + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stderr
-    assert mnist.md5sum(copy / "t10k-labels-idx1-ubyte") == mnist.MD5["t10k-labels-idx1-ubyte"]
+    fixed_file = mnist.raw_dir(copy) / "t10k-labels-idx1-ubyte"
+    assert mnist.md5sum(fixed_file) == mnist.MD5["t10k-labels-idx1-ubyte"]
 
 
 def test_truncated_file_is_reported(data_dir, tmp_path):
-    target = tmp_path / "t10k-images-idx3-ubyte"
-    target.write_bytes((data_dir / target.name).read_bytes()[:5000])
-    with pytest.raises(mnist.MnistDataError, match="truncated"):
-        mnist.read_idx(target)
+    """A file cut short (an interrupted copy) is caught by its MD5 before torchvision reads it."""
+    target = mnist.raw_dir(tmp_path) / "t10k-images-idx3-ubyte"
+    target.parent.mkdir(parents=True)
+    target.write_bytes((mnist.raw_dir(data_dir) / target.name).read_bytes()[:5000])
+    shutil.copy(mnist.raw_dir(data_dir) / "t10k-labels-idx1-ubyte", target.parent)
+    with pytest.raises(mnist.MnistDataError, match="t10k-images-idx3-ubyte is corrupted"):
+        mnist.load_mnist(train=False, data_dir=tmp_path)
 
 
 def test_missing_file_names_the_prepare_command(tmp_path):
@@ -83,7 +87,7 @@ def test_rebuild_from_package_into_empty_folder(tmp_path):
     env_dir = mnist.prepare(target, download=False, log=lambda *_: None)
     assert env_dir == target
     for name, want in mnist.MD5.items():
-        assert mnist.md5sum(target / name) == want
+        assert mnist.md5sum(mnist.raw_dir(target) / name) == want
 
 
 def test_mnist_dir_env_var(tmp_path, monkeypatch):

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -214,15 +215,21 @@ def test_no_gpus_given_says_nothing(tmp_path):
 
 
 def test_gpus_given_and_present_but_unusable_stops(tmp_path):
-    """A node with NVIDIA devices, GPUs from SLURM, and a torch that sees no CUDA (this
-    machine's CPU wheel): stop instead of training on the CPU."""
+    """A node with NVIDIA devices, GPUs from SLURM, and a torch that sees no CUDA (no driver
+    here): stop instead of training on the CPU, and say why for the torch installed: the CUDA
+    wheel (requirements.txt) names the driver, a CPU-only build says so."""
     (tmp_path / "nvidia0").touch()
     (tmp_path / "nvidia1").touch()
     with pytest.raises(LaunchError) as info:
         cenv.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
     message = str(info.value)
     assert "torch.version.cuda=" in message and "SLURM_GPUS_ON_NODE" in message
-    assert "2 NVIDIA device(s)" in message and "CPU-only build" in message
+    assert "2 NVIDIA device(s)" in message
+    if torch.version.cuda:
+        assert f"torch.version.cuda={torch.version.cuda}" in message, message
+        assert "the driver is older than this CUDA build needs" in message, message
+    else:
+        assert "CPU-only build" in message, message
 
 
 @pytest.mark.timeout(60)
