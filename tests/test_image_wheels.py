@@ -41,7 +41,7 @@ def wheelhouse(tmp_path_factory):
     """The wheels, gathered once with the machine's own pip set-up: the source for the rows
     that must not reach any index."""
     dest = tmp_path_factory.mktemp("wheelhouse")
-    result = gather(dest, {k: v for k, v in os.environ.items()})
+    result = gather(dest, dict(os.environ))
     assert result.returncode == 0, result.stdout + result.stderr
     return dest
 
@@ -62,8 +62,8 @@ def numpy_wheel(folder: Path) -> Path:
     return wheel
 
 
-def setups(tmp: Path, house: Path):
-    """(name, env) for each shape of pip set-up."""
+def setups(tmp: Path, house: Path) -> dict[str, dict]:
+    """{shape: env} for each shape of pip set-up."""
     numpy_version = numpy_wheel(house).name.split("-")[1]
     constraints = tmp / "constraints.txt"
     constraints.write_text(f"numpy=={numpy_version}\n")
@@ -78,23 +78,23 @@ def setups(tmp: Path, house: Path):
     indexes_conf = tmp / "indexes.conf"
     indexes_conf.write_text(f"[global]\nindex-url = {one}\nextra-index-url = {two}\n"
                             f"constraint = {constraints}\n")
-    return [
-        ("files and folders in a config file", clean_env(PIP_CONFIG_FILE=str(files_conf))),
-        ("several index URLs", clean_env(PIP_CONFIG_FILE=str(indexes_conf))),
-        ("PIP_* variables, no config file", clean_env(
+    return {
+        "files and folders in a config file": clean_env(PIP_CONFIG_FILE=str(files_conf)),
+        "several index URLs": clean_env(PIP_CONFIG_FILE=str(indexes_conf)),
+        "PIP_* variables, no config file": clean_env(
             PIP_NO_INDEX="1", PIP_FIND_LINKS=str(house), PIP_CONSTRAINT=str(constraints),
-            PIP_CERT=str(cert))),
-    ]
+            PIP_CERT=str(cert)),
+    }
 
 
 SHAPES = ["files and folders in a config file", "several index URLs",
-          "PIP_* variables, no config file"]
+          "PIP_* variables, no config file"]  # setups()'s keys, known before any test runs
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_the_host_pip_set_up_gathers_wheels_the_image_installs_offline(shape, wheelhouse,
                                                                        tmp_path):
-    env = dict(setups(tmp_path, wheelhouse))[shape]
+    env = setups(tmp_path, wheelhouse)[shape]
     dest = tmp_path / "wheels"
     result = gather(dest, env)
     assert result.returncode == 0, result.stdout + result.stderr
