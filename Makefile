@@ -16,9 +16,10 @@ help:
 	@echo "make setup         system packages, .venv, MNIST data, container image, local cluster"
 	@echo "make container     lesson 04's Charliecloud image (built once, reused after)"
 	@echo "make cluster-up    start the local cluster (cluster/up.sh; NODES=3 GPUS=1 to reshape,"
-	@echo "                   SLURM=24.11 for Slurm 24.11's daemons and clients instead of 22.05)"
+	@echo "                   SLURM=24.11 or 26.05 for that Slurm's daemons and clients instead of 22.05)"
 	@echo "make cluster-down  stop it (cluster/down.sh)"
-	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 (SLURM=...), then 22.05 again"
+	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 and 26.05"
+	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
 
@@ -79,16 +80,18 @@ lint: venv system
 test: setup
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-# The second Slurm version's lane (CI runs it after `make test`): the tests marked
-# `every_slurm` (tests/conftest.py: every lesson's job scripts at least once, and every test whose
-# expectation differs between versions), on the cluster running Slurm $(SLURM_LANE), all under the
-# cluster lock; the cluster is put back on the default version at the end, whatever the result.
-SLURM_LANE ?= 24.11
+# The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
+# (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation
+# differs between versions), on the cluster running each Slurm of $(SLURM_LANE) in turn, all
+# under the cluster lock; the cluster is put back on the default version at the end, whatever
+# the result. One version: make test-slurm SLURM_LANE=26.05.
+SLURM_LANE ?= 24.11 26.05
 test-slurm: venv data container
-	bash cluster/slurm_root.sh $(SLURM_LANE) >/dev/null
-	flock $(LOCK) bash -c 'export COURSE_SLURM_VERSION=$(SLURM_LANE); rc=0; \
-	    $(VENV)/bin/pytest -m every_slurm tests || rc=$$?; \
-	    unset COURSE_SLURM_VERSION; bash cluster/up.sh || rc=$$?; exit $$rc'
+	for v in $(SLURM_LANE); do bash cluster/slurm_root.sh $$v >/dev/null || exit 1; done
+	flock $(LOCK) bash -c 'rc=0; for v in $(SLURM_LANE); do start=$$SECONDS; \
+	    COURSE_SLURM_VERSION=$$v $(VENV)/bin/pytest -m every_slurm tests || rc=$$?; \
+	    echo "test-slurm: Slurm $$v took $$((SECONDS - start)) s"; done; \
+	    bash cluster/up.sh || rc=$$?; exit $$rc'
 
 demo: venv data cluster-up
 	@mkdir -p runs

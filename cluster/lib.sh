@@ -40,14 +40,21 @@ LOCK_FILE=$CLUSTER_ROOT.lock
 # debootstrap (cluster/slurm_root.sh) and cached in SLURM_CACHE/VERSION. To add one, add a line
 # to slurm_suite: the Debian release whose slurm-wlm packages are that version.
 SLURM_DEFAULT=22.05
-SLURM_VERSIONS="22.05 24.11"
+SLURM_VERSIONS="22.05 24.11 26.05"
 SLURM_CACHE=${COURSE_SLURM_CACHE:-/var/cache/course-slurm}
 slurm_suite() {
     case $1 in
     22.05) echo "" ;; # this machine's packages
     24.11) echo trixie ;;
+    26.05) echo forky ;;
     *) return 1 ;;
     esac
+}
+# version_at_least X.Y: the version up.sh runs (SLURM_VERSION) is X.Y or newer.
+version_at_least() {
+    # shellcheck disable=SC2153  # SLURM_VERSION: set by the script that sources this file
+    local have=${SLURM_VERSION//./} want=${1//./}
+    ((10#$have >= 10#$want))
 }
 # While a version from a root runs, its client commands (sbatch, srun, ...) are small scripts in
 # CLIENT_DIR, which comes before /usr/bin on PATH: each runs that root's program with the root's

@@ -57,7 +57,12 @@ note "building the root of Slurm $VERSION in $ROOT: debootstrap $SUITE from $MIR
 tmp=$ROOT.build
 log=$SLURM_CACHE/$VERSION.debootstrap.log
 rm -rf "$tmp"
-debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$MIRROR" >"$log" 2>&1 || {
+# A debootstrap older than the suite has no script named after it (Debian 12's knows no
+# "forky"); every Debian suite is made the same way, so its "sid" script serves (debootstrap(8):
+# the fourth argument, SCRIPT).
+script=()
+[[ -e /usr/share/debootstrap/scripts/$SUITE ]] || script=(/usr/share/debootstrap/scripts/sid)
+debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$MIRROR" "${script[@]}" >"$log" 2>&1 || {
     rm -rf "$tmp"
     die "debootstrap $SUITE failed: see $log (the network to $MIRROR? set COURSE_DEBIAN_MIRROR)"
 }

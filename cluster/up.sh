@@ -199,10 +199,16 @@ render_configs() {
         version_lines="# Slurm $SLURM_VERSION from $SLURM_ROOT (cluster/slurm_root.sh): its own plugins."
         version_lines+=$'\n'"PluginDir=$(root_libdir)/slurm-wlm"
     fi
+    # 25.11 renamed JobContainerType to NamespaceType (job_container/tmpfs to namespace/tmpfs);
+    # the old key still works there, with a warning in every daemon's log; 22.05 and 24.11 do not
+    # know the new one.
+    local job_container="JobContainerType=job_container/tmpfs"
+    version_at_least 25.11 && job_container="NamespaceType=namespace/tmpfs"
     SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
         "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
-        "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list" "VERSION_LINES=$version_lines")
+        "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list" "VERSION_LINES=$version_lines" \
+        "JOB_CONTAINER=$job_container")
     GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
     local disk_lines=""
     for ((i = 1; i <= NODES; i++)); do

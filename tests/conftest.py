@@ -58,6 +58,7 @@ CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
 EVERY_SLURM = (
     "tests/test_cluster.py::test_sinfo_shows_two_nodes_with_two_gpus",
     "tests/test_cluster.py::test_srun_two_nodes_two_tasks_each",
+    "tests/test_cluster.py::test_gres_and_gpus_per_node_mix_until_26_05",
     "tests/test_cluster.py::test_sbatch_wait_returns_the_job_exit_code",
     "tests/test_cluster.py::test_srun_takes_cpus_per_task_from_the_job_from_23_11",
     "tests/test_cluster.py::test_gloo_all_reduce_between_nodes",

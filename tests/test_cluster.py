@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import slurm_version
+from conftest import job_environ, slurm_version
 
 ROOT = Path(__file__).resolve().parents[1]
 UP = ROOT / "cluster" / "up.sh"
@@ -169,6 +169,30 @@ def test_more_gpus_than_a_node_has_is_refused(srun):
     proc = srun("-N1", "--gres=gpu:3", "true", timeout=60)
     assert proc.returncode != 0
     assert "Requested node configuration is not available" in proc.stderr, proc.stderr
+
+
+def test_gres_and_gpus_per_node_mix_until_26_05(cluster, cluster_lock):
+    """A step that asks for GPUs with --gres inside a job that asked with --gpus-per-node: up to
+    25.11 it runs; from 26.05 the two forms are mutually exclusive, between a job and its steps
+    too (CHANGELOG/slurm-26.05.md: "Make --gres=gpu:N and --gpus-per-node mutually exclusive").
+    --gpus-per-task in the same job runs on every version (lesson 00, section 4)."""
+    step = 'srun {} bash -c \'echo "gpus $CUDA_VISIBLE_DEVICES"\''
+    results = []
+    with cluster_lock():
+        for form in ("--gres=gpu:1", "--gpus-per-task=1"):
+            results.append(subprocess.run(
+                ["salloc", "-N1", "-n1", "--gpus-per-node=2", "--time=1", "bash", "-c",
+                 step.format(form)],
+                capture_output=True, text=True, timeout=60, env=job_environ()))  # fmt: skip
+    mixed, per_task = results
+    # (which GPUs the step sees differs: 22.05 hands a one-task step of such a job both)
+    assert per_task.returncode == 0 and per_task.stdout.startswith("gpus "), per_task
+    if slurm_version() >= (26, 5):
+        assert mixed.returncode != 0, mixed
+        assert "srun: fatal: --gpus-per-node and --gres=gpu are mutually exclusive" in (
+            mixed.stderr), mixed.stderr
+    else:
+        assert mixed.returncode == 0 and mixed.stdout.startswith("gpus "), mixed
 
 
 def test_sbatch_wait_returns_the_job_exit_code(sbatch_wait, tmp_path):

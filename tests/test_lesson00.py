@@ -118,9 +118,12 @@ def test_anatomy_job_steps_and_tasks(cluster, cluster_lock, tmp_path):
                         "GPUs per node 2, memory per node 1024 MB"), text  # fmt: skip
     assert lines[2] == f"working directory {tmp_path} (--chdir), submitted from {ROOT}", text
     assert lines[3] == "GREETING=hello", text
-    # sbatch sets the task variables in the batch script too (as task 0), but no step id.
+    # sbatch sets the task variables in the batch script too (as task 0). The step id: not set
+    # up to 25.11; from 26.05 the batch step's own, -5 (SLURM_BATCH_SCRIPT printed with %d:
+    # src/common/env.c, setup_env, now sets it for every step id but NO_VAL).
+    step_id = "-5" if slurm_version() >= (26, 5) else "<not set>"
     assert lines[4] == ("in the batch script: SLURM_PROCID=0 SLURM_LOCALID=0 SLURM_NODEID=0 "
-                        "SLURM_NTASKS=4 SLURM_STEP_ID=<not set>"), text  # fmt: skip
+                        f"SLURM_NTASKS=4 SLURM_STEP_ID={step_id}"), text  # fmt: skip
 
     tasks = [m.groupdict() for m in map(TASK_LINE.match, lines) if m]
     by_step = {s: sorted((t for t in tasks if t["step"] == s), key=lambda t: int(t["task"]))
