@@ -37,6 +37,7 @@ import shlex
 import socket
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 try:  # python-hostlist reads SLURM's host list syntax in full (requirements.txt installs it)
     import hostlist
@@ -581,6 +582,8 @@ def resolve_launch_env(
         # the loopback check is for addresses people set, not for torchrun's.
         agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         check_master_addr(env if not agent_store else dataclasses.replace(env, num_nodes=1))
+        if step is not None and launcher in ("slurm", "mp.spawn"):
+            _check_rank0_here(env, environ, step.hosts)
         if _must_bind_store(env, environ):
             check_port_free(env.master_port)
     return env
@@ -637,13 +640,62 @@ def _master_addr(environ, step, num_nodes) -> str:
     """
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
-    if step is not None:
-        return step.hosts[0]
+    if step is not None or _arbitrary(environ):  # (the batch script of such a job: its steps)
+        return _rank0_host(environ, step)
     if num_nodes == 1:
         return environ.get("SLURMD_NODENAME") or "127.0.0.1"
     raise LaunchError(
         f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export MASTER_ADDR=<host "
         f"of rank 0> (or start the job with srun, which names the hosts)."
+    )
+
+
+def _arbitrary(environ: Mapping[str, str]) -> bool:
+    return environ.get("SLURM_DISTRIBUTION", "").split(":")[0] == "arbitrary"
+
+
+def _rank0_host(environ: Mapping[str, str], step: _SlurmStep | None) -> str:
+    """The node of the step's task 0, which hosts the rendezvous under ``env://``.
+
+    srun's block, cyclic and plane distributions put task 0 on the first node of the step.
+    ``--distribution=arbitrary`` places task i on the i-th host of the file SLURM_HOSTFILE names
+    (srun(1)), so task 0 can be on any node: the file says which. (Slurm 26.05 with a topology
+    plugin also orders tasks by topology; rank 0 checks where it really runs, in
+    resolve_launch_env, and refuses there.)
+    """
+    if not _arbitrary(environ):
+        return step.hosts[0]
+    path = environ.get("SLURM_HOSTFILE", "")
+    fix = "put the host file where every node can read it, or export MASTER_ADDR=<rank 0's node>"
+    try:
+        entries = Path(path).read_text().replace(",", " ").split() if path else []
+    except OSError as exc:
+        raise LaunchError(
+            f"tasks are placed by --distribution=arbitrary, so rank 0 may run on any node, and "
+            f"SLURM_HOSTFILE={path!r}, which says where, cannot be read here ({exc.strerror}): "
+            f"{fix}."
+        ) from None
+    if not entries:
+        raise LaunchError(
+            f"tasks are placed by --distribution=arbitrary but SLURM_HOSTFILE={path!r} names no "
+            f"host, so where rank 0 runs is unknown: {fix}."
+        )
+    return expand_hostlist(entries[0], "SLURM_HOSTFILE")[0]
+
+
+def _check_rank0_here(env: LaunchEnv, environ: Mapping[str, str], hosts: Sequence[str]) -> None:
+    """Rank 0 hosts the store at MASTER_ADDR: when that is another node of the step (picked
+    from the step, or exported by the batch script, while the tasks ran in an order srun's
+    variables do not show), every rank would wait at the wrong host until the timeout. Say so
+    in seconds instead. (An address that is no node name of the step is left alone.)"""
+    node = environ.get("SLURMD_NODENAME", "")
+    if env.rank != 0 or not node or node == env.master_addr or env.master_addr not in hosts:
+        return
+    raise LaunchError(
+        f"rank 0 runs on {node}, not on {env.master_addr}, the node every rank was told to meet "
+        f"it at (tasks not in block order: SLURM_DISTRIBUTION="
+        f"{environ.get('SLURM_DISTRIBUTION', '')!r}); start the step with --distribution=block, "
+        f"or export MASTER_ADDR=<rank 0's node>."
     )
 
 
@@ -745,12 +797,15 @@ def cuda_device_index(
     """Which of the GPUs this process sees it drives (the ``N`` of ``cuda:N``).
 
     - Every task sees all the GPUs SLURM gave the node (``--gres=gpu:4``, ``--gpus-per-node``;
-      torchrun's workers): local rank N drives cuda:N.
-    - Each task sees a set of its own, fewer than the node has (``--gpus-per-task``,
-      ``--gpu-bind=closest`` or a site default in SLURM_GPU_BIND): the local ranks that share a
-      set take its devices in turn, ``local_rank % visible``. With ``closest``, 8 tasks on 8
-      GPUs in two NUMA domains, local rank 5 sees ``4,5,6,7`` and drives its index 1 (Slurm
-      hands out tasks in block order unless ``--distribution`` says otherwise).
+      torchrun's workers), or at least one per local rank: local rank N drives cuda:N.
+    - Each task sees one GPU of its own (``--gpus-per-task=1``, ``--gpu-bind=single:1``,
+      ``map_gpu``): cuda:0. Each task has a set of its own (``--gpus-per-task=2``,
+      SLURM_GPUS_PER_TASK): the local ranks take its devices in turn, ``local_rank % visible``.
+    - Tasks share a set smaller than the node's (``--gpu-bind=closest``, or a site default in
+      SLURM_GPU_BIND: the GPUs of the task's socket): which one is this task's depends on how
+      srun spread the node's tasks over its sockets, cyclically by default (srun(1),
+      ``--distribution``, second level), so no rule on the local rank alone is right for every
+      job: LaunchError, with the binding that gives each task one GPU.
     - ``--gpu-bind=map_gpu:0,0`` (SLURM_GPU_BIND) gives two tasks one GPU; fewer visible GPUs
       than processes with no binding would also put two ranks on one GPU: LaunchError, before
       NCCL stops with "Duplicate GPU detected".
@@ -760,8 +815,18 @@ def cuda_device_index(
     on_node = gpus_on_node(environ)
     if visible_gpus >= env.local_world_size:
         return env.local_rank
-    if 1 <= visible_gpus < on_node and on_node >= env.local_world_size:
-        return env.local_rank % visible_gpus
+    if visible_gpus == 1 and on_node >= env.local_world_size:
+        return 0
+    if 1 < visible_gpus < on_node and on_node >= env.local_world_size:
+        if environ.get("SLURM_GPUS_PER_TASK"):
+            return env.local_rank % visible_gpus
+        raise LaunchError(
+            f"this task sees {visible_gpus} of the node's {on_node} GPUs (CUDA_VISIBLE_DEVICES="
+            f"{environ.get('CUDA_VISIBLE_DEVICES')!r}, shared with other tasks: --gpu-bind="
+            f"closest or SLURM_GPU_BIND={environ.get('SLURM_GPU_BIND', '')!r}), and which one "
+            f"is its own depends on how srun spread the tasks over the sockets; give each task "
+            f"one GPU: --gpu-bind=single:1 (keeps the closest) or --gpus-per-task=1."
+        )
     raise LaunchError(
         f"{env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only "
         f"{visible_gpus} visible GPUs (CUDA_VISIBLE_DEVICES="

@@ -544,31 +544,39 @@ def test_free_port_and_resolving_host_pass_checks():
     assert env.master_addr == "localhost"
 
 
+CLOSEST = "shared with other tasks: --gpu-bind=closest"
+CROWDED = "LOCAL_WORLD_SIZE.*visible GPUs.*--gpus-per-node"
+
+
 @pytest.mark.parametrize(
-    "local_rank,local_world,visible,gpus_on_node,index",
+    "local_rank,local_world,visible,gpus_on_node,extra,index",
     [
-        (1, 2, 2, None, 1),  # one GPU per local rank: cuda:<local_rank>
-        (3, 4, 8, "8", 3),
-        (1, 2, 1, "2", 0),  # --gpus-per-task=1: each task sees only its own GPU
-        # --gpu-bind=closest, 8 tasks on 8 GPUs in 2 NUMA domains: local rank 5 sees 4,5,6,7
-        (5, 8, 4, "8", 1),
-        (4, 8, 4, "8", 0),
-        (3, 4, 2, "8", 1),  # --gpus-per-task=2: task 3 sees its own pair
-        (1, 4, 2, "2", None),  # 4 processes, 2 GPUs: would share
-        (1, 2, 1, "1", None),  # 2 tasks, 1 GPU on the node
-        (1, 2, 1, None, None),
-        (5, 8, 4, "4", None),  # a set of 4 on a node of 4 is all of them: 8 ranks would share
+        (1, 2, 2, None, {}, 1),  # one GPU per local rank: cuda:<local_rank>
+        (3, 4, 8, "8", {}, 3),
+        (1, 2, 1, "2", {}, 0),  # --gpus-per-task=1: each task sees only its own GPU
+        (1, 2, 1, "2", {"SLURM_GPU_BIND": "single:1"}, 0),
+        # --gpus-per-task=2: task 3 drives the second GPU of its own pair
+        (3, 4, 2, "8", {"SLURM_GPUS_PER_TASK": "2"}, 1),
+        # --gpu-bind=closest, 8 tasks on 8 GPUs in 2 sockets: local rank 5 sees 4,5,6,7, and so
+        # do 4, 6, 7 (block over sockets) or 1, 3, 7 (cyclic, srun's default): refused
+        (5, 8, 4, "8", {"SLURM_GPU_BIND": "closest"}, CLOSEST),
+        (4, 8, 4, "8", {}, CLOSEST),
+        (1, 4, 2, "2", {}, CROWDED),  # 4 processes, 2 GPUs: would share
+        (1, 2, 1, "1", {}, CROWDED),  # 2 tasks, 1 GPU on the node
+        (1, 2, 1, None, {}, CROWDED),
+        (5, 8, 4, "4", {}, CROWDED),  # a set of 4 on a node of 4 is all of them: 8 would share
     ],
 )
-def test_cuda_device_index(local_rank, local_world, visible, gpus_on_node, index):
+def test_cuda_device_index(local_rank, local_world, visible, gpus_on_node, extra, index):
     env = resolve({"RANK": str(local_rank), "WORLD_SIZE": "8", "LOCAL_RANK": str(local_rank),
                    "LOCAL_WORLD_SIZE": str(local_world), "MASTER_ADDR": "n1"})  # fmt: skip
-    environ = {"CUDA_VISIBLE_DEVICES": "0"}
+    environ = {"CUDA_VISIBLE_DEVICES": "0", **extra}
     if gpus_on_node:
         environ["SLURM_GPUS_ON_NODE"] = gpus_on_node
-    if index is None:
-        with pytest.raises(LaunchError, match="LOCAL_WORLD_SIZE.*visible GPUs.*--gpus-per-node"):
+    if isinstance(index, str):
+        with pytest.raises(LaunchError, match=index) as err:
             cuda_device_index(env, visible, environ)
+        assert "\n" not in str(err.value)
     else:
         assert cuda_device_index(env, visible, environ) == index
 

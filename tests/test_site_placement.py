@@ -1,0 +1,92 @@
+"""Sites that place tasks and bind GPUs differently: rank 0 and each rank's GPU follow Slurm.
+
+- Rank 0 elsewhere: with ``--distribution=arbitrary`` and SLURM_HOSTFILE, task 0 runs where
+  the file's first line says (node2 here), not on the first node of the step. Lesson 01's
+  all_reduce and lesson 03's training meet there (common/env.py reads the file).
+- GPU binding: for each way a site hands out GPUs that the local cluster can make (every task
+  all of the node's, ``--gpus-per-task=1``, ``--gpu-bind=single:1``, ``map_gpu``), in block and
+  cyclic order, every task's ``cuda_device_index`` is computed from what Slurm really set, and
+  no two tasks of a node drive the same physical GPU. ``--gpu-bind=closest`` cannot give a
+  task part of a node's GPUs here (the nodes' CPUs are not this machine's: no socket to be
+  close to; cluster/README.md); tests/test_env_resolution.py covers it from the variables.
+
+Marked ``sites``: a lane of its own (make test-sites, CI).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+from conftest import ROOT, cluster_lock, job_environ
+
+pytestmark = pytest.mark.sites
+
+# One line per task: its node, the GPUs Slurm made visible and the index common/ picks.
+PICK = (
+    "import json, os\n"
+    "from common.env import cuda_device_index, resolve_launch_env\n"
+    "env = resolve_launch_env(check=False)\n"
+    "cvd = [g for g in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if g]\n"
+    "i = cuda_device_index(env, len(cvd))\n"
+    "print(json.dumps({'rank': env.rank, 'node': env.hostname, 'cvd': cvd, 'gpu': cvd[i]}))\n"
+)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("distribution", ["block", "cyclic"])
+@pytest.mark.parametrize(
+    "gpus",
+    [
+        ["--gres=gpu:2"],
+        ["--gpus-per-task=1"],
+        ["--gres=gpu:2", "--gpu-bind=single:1"],
+        ["--gres=gpu:2", "--gpu-bind=map_gpu:1,0"],
+    ],
+    ids=lambda g: " ".join(g),
+)
+def test_each_rank_drives_its_own_gpu(cluster, srun, gpus, distribution):
+    proc = srun("-N2", "--ntasks-per-node=2", f"--distribution={distribution}", *gpus,
+                sys.executable, "-c", PICK, env={"PYTHONPATH": str(ROOT)}, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tasks = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert sorted(t["rank"] for t in tasks) == [0, 1, 2, 3], proc.stdout
+    for node in ("node1", "node2"):
+        picked = [t["gpu"] for t in tasks if t["node"] == node]
+        assert len(picked) == 2 and len(set(picked)) == 2, tasks
+
+
+HOSTS = "node2\nnode2\nnode1\nnode1\n"
+
+
+@pytest.mark.timeout(300)
+def test_lesson01_meets_rank0_on_the_host_files_first_node(cluster, srun, tmp_path):
+    hosts = tmp_path / "hosts"
+    hosts.write_text(HOSTS)
+    proc = srun("-n4", "--distribution=arbitrary", "--cpus-per-task=1", sys.executable,
+                "lessons/01_hello_allreduce/hello_allreduce.py",
+                env={"SLURM_HOSTFILE": str(hosts), "PYTHONPATH": str(ROOT)},
+                timeout=180)  # fmt: skip
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "master node2:" in out, out
+    assert "rank 0/4 on node2 (node 1, local 0)" in out, out
+    assert "all 4 ranks hold the expected sum" in out.splitlines(), out
+
+
+@pytest.mark.timeout(400)
+def test_lesson03_job_with_rank0_on_the_second_node(cluster, sbatch_wait, tmp_path):
+    """The whole job script under --distribution=arbitrary, as a site's user submits it."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(HOSTS)
+    with cluster_lock():
+        result = sbatch_wait(
+            "lessons/03_ddp_mnist/job.sh", "--distribution=arbitrary",
+            script_args=["1", "--train-subset", "1024", "--test-subset", "256"],
+            env=job_environ({"SLURM_HOSTFILE": str(hosts),
+                             "CHECKPOINT": str(tmp_path / "arb.pt")}), timeout=360,
+        )  # fmt: skip
+    assert result.returncode == 0, result.output
+    assert "MASTER_ADDR=node2 " in result.output, result.output
+    assert "world size 4 (2 node(s) x 2)" in result.output, result.output
