@@ -1,26 +1,19 @@
-"""Who am I in this job?  One place that answers it for every lesson.
+"""Who am I in this job?  Rank, local rank, world size, node, and where rank 0 listens.
 
-A process of a distributed job needs its global rank, its rank on the node, the number of
-processes, and where rank 0 listens (master address and port).  Who tells it depends on who
-started it; we look, in this order:
+Who tells a process depends on who started it; we look, in this order:
 
-1. torchrun / ``python -m torch.distributed.launch``: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node), ``MASTER_ADDR``/``PORT``,
-   ``TORCHELASTIC_RUN_ID``.  ``RANK``/``WORLD_SIZE`` set by hand count too (launcher "env").
-2. srun: each task gets ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and its step's
-   ``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST``, ``SLURM_STEP_TASKS_PER_NODE``.  The batch
-   script is no task of any step: it is one process even when the job asked for many tasks.
-3. ``torch.multiprocessing.spawn``: the child knows only its index; the caller passes it and
-   the number of processes spawned per node.
-4. Nothing: one plain process, rank 0 of 1.
+1. torchrun / torch.distributed.launch: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``, ``TORCHELASTIC_RUN_ID``
+   (``RANK``/``WORLD_SIZE`` set by hand: launcher "env");
+2. srun: ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_*``
+   (the batch script is no task of any step: one process, however many tasks the job has);
+3. ``torch.multiprocessing.spawn``: the caller passes the child's index and the count;
+4. nothing: one plain process, rank 0 of 1.
 
-Each lookup below says which variable it reads.  What would make the job hang later (a missing
-or malformed variable, sources that disagree, a double spawn, a master address that does not
-resolve or is loopback across nodes, a busy port) raises :class:`LaunchError` at once, naming
-the variable or flag and the fix.
-
-``python -m common.env`` (e.g. ``srun python -m common.env``) prints what each task sees;
-``python -m common.env --export`` prints ``export NAME=value`` lines for shell scripts.
+What would make the job hang later (a variable missing, malformed or disagreeing with another,
+a double spawn, a master address that does not resolve or is loopback across nodes, a busy
+port) raises :class:`LaunchError` at once, naming the variable or flag and the fix.
+``srun python -m common.env`` prints what each task sees (common/env_cli.py).
 """
 
 from __future__ import annotations
@@ -416,14 +409,12 @@ def resolve_launch_env(
     check: bool = True,
     proc_cgroup: str | None = None,
 ) -> LaunchEnv:
-    """Work out this process's place in the job.
+    """This process's place in the job, from ``environ`` (default ``os.environ``).
 
-    ``environ``: default ``os.environ``.  In a ``torch.multiprocessing.spawn`` child pass
-    ``spawn_index`` (mp.spawn's index) and ``spawn_nprocs`` (processes spawned per node).
-    ``argv``: default ``sys.argv`` (for torch.distributed.launch's ``--local-rank``).
+    In an ``mp.spawn`` child pass ``spawn_index`` and ``spawn_nprocs`` (processes spawned per
+    node).  ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``.
     ``check=False`` skips the checks against this machine (the master address resolves, the
-    port is free).  ``proc_cgroup``: the text of /proc/self/cgroup (read when ``environ`` is
-    not given).
+    port is free).  ``proc_cgroup``: /proc/self/cgroup's text (read when ``environ`` is None).
     """
     launcher_vars = ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
     if (environ is None or proc_cgroup is not None) and not any(
@@ -478,18 +469,12 @@ def resolve_launch_env(
     _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
     _check_gpus_on_node(environ, local_world_size)
     env = LaunchEnv(
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        local_world_size=local_world_size,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
+        rank=rank, local_rank=local_rank, world_size=world_size,
+        local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
         master_addr=_master_addr(environ, step, num_nodes),
         master_port=_master_port(environ, job_id, world_size),
-        launcher=launcher,
-        hostname=socket.gethostname(),
-        job_id=job_id,
-    )
+        launcher=launcher, hostname=socket.gethostname(), job_id=job_id,
+    )  # fmt: skip
     if check:
         # Under torchrun the agents have already met before starting the workers, and
         # MASTER_ADDR is the agent's host as torchrun names it: the loopback check is for
@@ -621,14 +606,10 @@ def check_port_free(port: int) -> None:
 
 def cuda_device_index(env: LaunchEnv, visible_gpus: int,
                       environ: Mapping[str, str] | None = None) -> int:  # fmt: skip
-    """Which of the GPUs this process sees it drives (the ``N`` of ``cuda:N``).
-
-    Every task sees all the node's GPUs (``--gres=gpu:4``, torchrun's workers): local rank N
-    drives cuda:N.  Each task sees a set of its own (``--gpus-per-task``, ``--gpu-bind=closest``):
-    the local ranks sharing a set take its devices in turn, ``local_rank % visible`` (Slurm
-    hands out tasks in block order).  Two ranks on one GPU (``map_gpu:0,0``, too few GPUs) is a
-    LaunchError here, before NCCL stops with "Duplicate GPU detected".
-    """
+    """The ``N`` of ``cuda:N``: the local rank where each task sees all the node's GPUs; with
+    a set of its own (``--gpus-per-task``, ``--gpu-bind=closest``) the local ranks sharing a set
+    take its devices in turn.  Two ranks on one GPU (``map_gpu:0,0``, too few GPUs) is a
+    LaunchError here, before NCCL stops with "Duplicate GPU detected"."""
     environ = os.environ if environ is None else environ
     _check_gpu_map(environ, env.local_world_size)
     on_node = gpus_on_node(environ)
