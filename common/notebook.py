@@ -421,8 +421,28 @@ def _show(fig) -> None:
     plt.close(fig)
 
 
+# lesson 03's epoch line (lessons/03_ddp_mnist/train.py prints it, lessons 05 and 07 too)
+EPOCH_LINE = re.compile(
+    r"^epoch (?P<epoch>\d+)/(?P<epochs>\d+) \| train_loss (?P<train_loss>[\d.]+) \| "
+    r"test_loss (?P<test_loss>[\d.]+) \| test_acc (?P<test_acc>[\d.]+)% \| "
+    r"(?P<samples_per_s>[\d.]+) samples/s \| epoch_time (?P<epoch_time>[\d.]+)s"
+)
+
+
+def parse_log(text: str) -> list[dict]:
+    """The epoch lines of lessons 03, 05 and 07, as dicts (the last copy of an epoch wins: a
+    resumed run prints again the epoch it was stopped in)."""
+    rows = {}
+    for match in map(EPOCH_LINE.match, text.splitlines()):
+        if match:
+            row = {k: float(v) for k, v in match.groupdict().items()}
+            row["epoch"], row["epochs"] = int(row["epoch"]), int(row["epochs"])
+            rows[row["epoch"]] = row
+    return [rows[k] for k in sorted(rows)]
+
+
 def plot_history(rows: list[dict], title: str = ""):
-    """Loss and test accuracy per epoch (rows from lesson 03's ``parse_log``)."""
+    """Loss and test accuracy per epoch (rows from :func:`parse_log`)."""
     import matplotlib.pyplot as plt
 
     epochs = [r["epoch"] for r in rows]

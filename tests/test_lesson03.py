@@ -24,7 +24,9 @@ from helpers import clean_environ, run_ranks, start_ranks
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "03_ddp_mnist"
 sys.path.insert(0, str(ROOT))
-from common.mnist import build_model, default_data_dir, parse_log, prepare  # noqa: E402
+from common.mnist import build_model, default_data_dir  # noqa: E402
+from common.mnist_prepare import prepare  # noqa: E402
+from common.notebook import parse_log  # noqa: E402
 
 TIMEOUT = 120
 SUBSET = ["--train-subset", "2048", "--test-subset", "1000"]

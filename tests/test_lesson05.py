@@ -31,7 +31,7 @@ _spec = importlib.util.spec_from_file_location("fault_tolerance", LESSON / "trai
 ft = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(ft)
 
-from common.mnist import parse_log  # noqa: E402
+from common.notebook import parse_log  # noqa: E402
 
 TIMEOUT = 120
 

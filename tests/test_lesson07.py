@@ -29,7 +29,8 @@ sys.path.insert(0, str(LESSON))
 
 import memory  # noqa: E402  (lessons/07_fsdp_sharding/memory.py)
 
-from common.mnist import parse_log, prepare  # noqa: E402
+from common.mnist_prepare import prepare  # noqa: E402
+from common.notebook import parse_log  # noqa: E402
 
 TIMEOUT = 120
 # A small model and few images: the point is the exchange of shards, not the accuracy. A

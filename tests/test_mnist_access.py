@@ -2,7 +2,8 @@
 
 Run as the ordinary user ``student`` (cluster/up.sh creates it; the ``cluster`` fixture makes
 sure of that), against root-owned files: common.mnist's check (Debian's python3: common.mnist
-needs no torch to check files) and the job scripts' shell check in common/job_env.sh.
+needs no torch to check files), common.mnist_prepare's command line and the job scripts' shell
+check in common/job_env.sh.
 """
 
 import shutil
@@ -65,7 +66,7 @@ def test_check_file_says_why(places, case):
 
 
 def test_prepare_into_a_folder_one_may_not_enter_is_one_line(places):
-    proc = as_student("env", f"PYTHONPATH={ROOT}", "/usr/bin/python3", "-m", "common.mnist",
+    proc = as_student("env", f"PYTHONPATH={ROOT}", "/usr/bin/python3", "-m", "common.mnist_prepare",
                       "--data-dir", str(places["folder"].parent), "--no-download")  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.splitlines()

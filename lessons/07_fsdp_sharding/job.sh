@@ -34,7 +34,7 @@ EPOCHS=${1:-${EPOCHS:-2}}
 # MNIST_DIR is torchvision's root: torchvision.datasets.MNIST reads the files in MNIST/raw/.
 data=${MNIST_DIR:-$COURSE_ROOT/data/mnist}/MNIST/raw
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
-    [[ -f $data/$f ]] || { echo "error: MNIST file $data/$f is missing: prepare the data once, on the login node: python -m common.mnist" >&2; exit 2; }
+    [[ -f $data/$f ]] || { echo "error: MNIST file $data/$f is missing: prepare the data once, on the login node: python -m common.mnist_prepare" >&2; exit 2; }
 done
 # One checkpoint folder per job, keyed by the job id, which a requeued job keeps. Job ids start
 # again at 1 when a cluster is re-created: a folder there at the job's first run is an older job's.
