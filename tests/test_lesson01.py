@@ -224,16 +224,40 @@ def test_by_hand_says_what_is_missing(monkeypatch, capsys):
         return stopped.value.code
 
     task = dict(SLURM_NODEID="0", SLURM_LOCALID="0", SLURM_PROCID="0", SLURM_NTASKS="1",
-                SLURM_NNODES="1")  # fmt: skip
+                SLURM_NNODES="1", SLURM_STEP_ID="0")  # fmt: skip
     message = stop(**task)
     assert "MASTER_ADDR and MASTER_PORT must be set" in message and "\n" not in message
     # 3 tasks on 2 nodes: node 1's only task is rank 2, the formula says 1 * 1 + 0 = 1.
     uneven = dict(SLURM_NODEID="1", SLURM_LOCALID="0", SLURM_PROCID="2", SLURM_NTASKS="3",
-                  SLURM_NNODES="2")  # fmt: skip
+                  SLURM_NNODES="2", SLURM_STEP_ID="0")  # fmt: skip
     assert "uneven number of tasks per node" in stop(**uneven)
     capsys.readouterr()
     assert stop("--init", "file", **task) == 2  # argparse's usage error
     assert "--init file needs --dist-file PATH" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("step_id", [None, "-5"], ids=["up-to-25.11", "from-26.05"])
+def test_by_hand_refuses_the_batch_script(step_id):
+    """What `python by_hand.py` sees in a batch script of by_hand.sh's shape, without srun.
+
+    sbatch sets SLURM_PROCID, SLURM_LOCALID and SLURM_NODEID to 0 and the job's counts there, so
+    the rank formula agrees (0 * 2 + 0 = 0) and, unrefused, the script would wait as rank 0 of
+    4. The batch script has no SLURM_STEP_ID up to Slurm 25.11, SLURM_STEP_ID=-5 from 26.05.
+    """
+    from common.env import find_free_port
+
+    batch = dict(SLURM_JOB_ID="117", SLURM_JOB_NODELIST="node[1-2]", SLURM_NNODES="2",
+                 SLURM_NTASKS="4", SLURM_NTASKS_PER_NODE="2", SLURM_PROCID="0",
+                 SLURM_LOCALID="0", SLURM_NODEID="0", MASTER_ADDR="127.0.0.1",
+                 MASTER_PORT=str(find_free_port()))  # fmt: skip
+    if step_id is not None:
+        batch.update(SLURM_STEP_ID=step_id, SLURM_STEPID=step_id)
+    # --timeout 5: a script that does not refuse fails after 5 s of waiting, not 60.
+    proc = run_lesson("by_hand.py", "--timeout", "5", **batch)
+    assert proc.returncode == 1 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr == (f"by_hand.py: SLURM_STEP_ID={step_id or '<not set>'}: not a task of an "
+                           "srun step (the batch script itself?): start this script with srun\n")
 
 
 @pytest.mark.timeout(300)

@@ -32,6 +32,22 @@ def slurm_int(name: str) -> int:
     return int(value)
 
 
+def check_srun_step() -> None:
+    """Stop in the batch script itself, which looks like rank 0 and would wait for the others.
+
+    sbatch gives the batch script the job's SLURM_NTASKS and SLURM_NNODES, and SLURM_PROCID,
+    SLURM_LOCALID and SLURM_NODEID all 0: the formula below agrees, and the script would join as
+    rank 0 of 4 and wait for three ranks nobody started. What tells it apart is the step id:
+    srun numbers its steps 0, 1, 2, ... and gives every task SLURM_STEP_ID; the batch script has
+    none up to Slurm 25.11, and from 26.05 the batch step's own id, SLURM_STEP_ID=-5 (salloc's
+    interactive shell likewise: none, or -6).
+    """
+    step = os.environ.get("SLURM_STEP_ID")
+    if step is None or not step.isdigit():
+        raise SystemExit(f"by_hand.py: SLURM_STEP_ID={step or '<not set>'}: not a task of an srun "
+                         f"step (the batch script itself?): start this script with srun")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--init", choices=["env", "tcp", "file"], default="env",
@@ -48,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     # 1. Who am I? srun numbered every task of the step; we rebuild the global rank from the
     #    node index and the index on the node, as a per-node launcher would, and check it.
     node = slurm_int("SLURM_NODEID")  # index of this node in the step: 0, 1, ...
+    check_srun_step()  # sbatch sets these variables in the batch script too
     local = slurm_int("SLURM_LOCALID")  # index of this task on its node: 0 .. per node - 1
     world = slurm_int("SLURM_NTASKS")  # tasks in the step = processes in the world
     per_node = world // slurm_int("SLURM_NNODES")  # one task per GPU: GPUs per node

@@ -1,8 +1,9 @@
 #!/bin/bash
 # Start a per-node launcher (torchrun or torch.distributed.launch) on this node of a job.
 #
-# srun runs this script once per node:
-#     srun --ntasks-per-node=1 bash lessons/02_launch_vs_srun/node_launch.sh torchrun hello.py
+# srun runs this script once per node: a plain srun in a job of one task per node (job.sh),
+# else a step of that shape, which names both counts (lesson 00, section 1):
+#     srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 bash lessons/02_launch_vs_srun/node_launch.sh torchrun hello.py
 # and the launcher it starts spawns one worker process per GPU of the node.
 #
 # A per-node launcher is not part of SLURM: it has to be told what SLURM already knows.

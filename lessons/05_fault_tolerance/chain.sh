@@ -6,9 +6,13 @@
 #
 #   sbatch lessons/05_fault_tolerance/chain.sh                # --array=1-3%1 below: 3 links
 #   sbatch --array=1-5%1 lessons/05_fault_tolerance/chain.sh  # 5 links
-#   # or as separate jobs: each starts once the previous one has ended, however it ended
-#   first=$(sbatch --parsable --export=ALL,CHAIN=mnist lessons/05_fault_tolerance/chain.sh)
-#   sbatch --dependency=afterany:${first%%;*} --export=ALL,CHAIN=mnist lessons/05_fault_tolerance/chain.sh
+#   # or as separate jobs of one link each, each starting once the one before has ended, however
+#   # it ended (--array=N on the command line replaces the 1-3%1 below, else each is 3 links):
+#   dep=()
+#   for link in 1 2 3; do
+#       id=$(sbatch --parsable --array="$link" "${dep[@]}" --export=ALL,CHAIN=mnist lessons/05_fault_tolerance/chain.sh)
+#       dep=(--dependency=afterany:"${id%%;*}")
+#   done
 #
 # `%1` lets one link of the array run at a time; afterany (not afterok) starts the next job
 # also when the previous one was stopped by its time limit or failed: the checkpoint is there.
