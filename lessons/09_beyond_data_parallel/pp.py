@@ -15,6 +15,7 @@ Without SLURM, on one machine (CPU, gloo), from the course root with PYTHONPATH=
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
@@ -101,7 +102,7 @@ def time_stage_alone(module: TinyLM, args, device, is_first: bool, is_last: bool
                                                                    requires_grad=True))  # fmt: skip
     x = x.to(device)
     times = []
-    for _ in range(7):
+    for _ in range(12):
         t0 = time.perf_counter()
         out = module(x)
         if is_last:
@@ -110,7 +111,7 @@ def time_stage_alone(module: TinyLM, args, device, is_first: bool, is_last: bool
             out.backward(torch.ones_like(out))
         times.append(time.perf_counter() - t0)
     module.zero_grad()
-    return statistics.median(times[2:])
+    return statistics.median(times[2:])  # the first runs warm up: not counted
 
 
 def print0(*args) -> None:
@@ -137,13 +138,11 @@ def run(args, env, device) -> int:
                                                                           strict=True)]  # fmt: skip
         params = [p for m in modules for p in m.parameters()]
         optimizer = torch.optim.AdamW(params, lr=args.lr)
-        busy_one = sum(time_stage_alone(m, args, device, i == 0, i == num_stages - 1)
-                       for m, i in zip(modules, indices, strict=True))  # fmt: skip
         for m in args.microbatches:
             schedule = (SCHEDULES[name](stages, m, loss_fn=loss_fn) if per_rank > 1
                         else SCHEDULES[name](stages[0], m, loss_fn=loss_fn))  # fmt: skip
             times, losses = [], []
-            for step in range(args.steps + 1):  # the first step warms up: not timed
+            for step in range(args.steps + 2):  # the first 2 steps warm up: not timed
                 x, y = (t.to(device) for t in batch(data, m * args.microbatch_size,
                                                     args.seq_len, gen))  # fmt: skip
                 mb_losses: list[torch.Tensor] = []
@@ -156,10 +155,15 @@ def run(args, env, device) -> int:
                                  if num_stages - 1 in indices else {}))  # fmt: skip
                 optimizer.step()
                 optimizer.zero_grad()
-                if step:
+                if step >= 2:
                     times.append(time.perf_counter() - t0)
                 if mb_losses:
                     losses.append(torch.stack(mb_losses).mean().item())
+            # This rank's work per microbatch, timed right after the steps (under the same load
+            # from the other ranks on this machine), all ranks at once.
+            dist.barrier()
+            busy_one = sum(time_stage_alone(mod, args, device, i == 0, i == num_stages - 1)
+                           for mod, i in zip(modules, indices, strict=True))  # fmt: skip
             # The slowest rank sets the step time; the busiest sets the work done.
             stats = torch.tensor([statistics.median(times), m * busy_one, losses[-1]
                                   if losses else 0.0])  # fmt: skip
@@ -204,7 +208,10 @@ def main(argv=None) -> int:
     try:
         return run(args, env, device)
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # frees the group's resources (it is not a barrier)
+        # What still points at the destroyed groups (the mesh, DTensors in reference cycles)
+        # goes now: left to interpreter exit, gloo's threads can abort the process (exit -6).
+        gc.collect()
 
 
 if __name__ == "__main__":

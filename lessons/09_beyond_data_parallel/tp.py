@@ -13,8 +13,10 @@ Without SLURM, on one machine (CPU, gloo), from the course root with PYTHONPATH=
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -223,6 +225,8 @@ def train(args, env, device) -> int:
         for block in model.layers.values():
             fully_shard(block, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
+        # FSDP2 warns that the root returns a view (the logits): nothing changes it in place.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
     show_placements(model, mesh)
     params = sum(p.numel() for p in model.parameters())
     held = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
@@ -293,7 +297,10 @@ def main(argv=None) -> int:
     try:
         return train(args, env, device)
     finally:
-        dist.destroy_process_group()
+        dist.destroy_process_group()  # frees the group's resources (it is not a barrier)
+        # What still points at the destroyed groups (the mesh, DTensors in reference cycles)
+        # goes now: left to interpreter exit, gloo's threads can abort the process (exit -6).
+        gc.collect()
 
 
 if __name__ == "__main__":

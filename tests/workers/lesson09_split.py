@@ -10,6 +10,7 @@ check; any mismatch raises.
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from datetime import timedelta
@@ -102,6 +103,7 @@ def main() -> None:
         {"tp": check_tp, "pp": check_pp}[sys.argv[1]](rank)
     finally:
         dist.destroy_process_group()
+        gc.collect()  # free what points at the group now, not at exit (gloo's threads)
 
 
 if __name__ == "__main__":
