@@ -49,13 +49,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int_list, default=[4, 8, 16],
                    help="comma-separated microbatch counts to run and time")  # fmt: skip
     p.add_argument("--microbatch-size", type=int, default=4)
-    p.add_argument("--steps", type=int, default=8, help="timed steps per (schedule, count)")
+    p.add_argument("--steps", type=int, default=4, help="timed steps per (schedule, count)")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--hidden", type=int, default=512)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--compute-ms", type=float, default=0,
+                   help="fixed work per microbatch and stage, in ms (2x in backward)")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -94,7 +96,34 @@ def build_stage(args, stage_index: int, num_stages: int, device) -> TinyLM:
     return model.to(device)
 
 
-def time_stage_alone(module: TinyLM, args, device, is_first: bool, is_last: bool) -> float:
+class FixedWork(torch.autograd.Function):
+    """A stand-in for compute that takes the same time however busy the machine is: sleep
+    `seconds` in the forward and twice that in the backward (a backward costs about two
+    forwards). Where the ranks share a few cores, real compute times mix the schedule's
+    bubble with the ranks' contention for the cores; sleeping ranks do not contend."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(2 * ctx.seconds)
+        return grad, None
+
+
+class WithFixedWork(torch.nn.Module):
+    def __init__(self, stage: TinyLM, seconds: float):
+        super().__init__()
+        self.stage, self.seconds = stage, seconds
+
+    def forward(self, x):
+        return FixedWork.apply(self.stage(x), self.seconds)
+
+
+def time_stage_alone(module: torch.nn.Module, args, device, is_first: bool, is_last: bool) -> float:
     """Seconds of one microbatch's forward and backward through this stage, with no waiting
     and no sends: the work a rank does per microbatch when the pipeline is full."""
     mb, t = args.microbatch_size, args.seq_len
@@ -125,7 +154,9 @@ def run(args, env, device) -> int:
     gen = torch.Generator().manual_seed(1000)  # every rank draws the same batches
     print0(f"{world} ranks, {args.layers} layers, microbatch {args.microbatch_size} x "
            f"{args.seq_len} bytes; expected bubble (idle share of a rank): (p-1)/(m+p-1), "
-           "interleaved (p-1)/(2m+p-1)")  # fmt: skip
+           "interleaved (p-1)/(2m+p-1)"
+           + (f"; fixed work {args.compute_ms:g} ms per microbatch and stage" if args.compute_ms
+              else ""))  # fmt: skip
     print0(f"{'schedule':>11} {'stages':>6} {'m':>3} {'step s':>7} {'busy s':>7} "
            f"{'bubble':>7} {'expected':>13} {'loss':>6}")  # fmt: skip
     for name in args.schedule:
@@ -134,6 +165,8 @@ def run(args, env, device) -> int:
         # Interleaved: rank r holds stages r and r + world (a loop through the ranks twice).
         indices = [rank + k * world for k in range(per_rank)]
         modules = [build_stage(args, i, num_stages, device) for i in indices]
+        if args.compute_ms:
+            modules = [WithFixedWork(mod, args.compute_ms / 1000) for mod in modules]
         stages = [PipelineStage(m, i, num_stages, device) for m, i in zip(modules, indices,
                                                                           strict=True)]  # fmt: skip
         params = [p for m in modules for p in m.parameters()]

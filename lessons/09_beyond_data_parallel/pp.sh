@@ -27,7 +27,11 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST: $SLURM_NNO
 # Where the processes meet: rank 0's node and a port derived from the job id (common/env.py).
 eval "$(python -m common.env --export)"
 
+# --compute-ms: each stage also does 30 ms of fixed work per microbatch (60 in the backward),
+# work that takes as long however many ranks share a core: on the local cluster's few cores
+# the real compute times would measure the ranks' contention for them as much as the bubble.
+# On GPU nodes, pass --compute-ms 0 to measure the model alone.
 # (Slurm 22.05 to 23.02: srun does not inherit --cpus-per-task from the job: pass it.)
 srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     python "$COURSE_ROOT/lessons/09_beyond_data_parallel/pp.py" \
-    --schedule gpipe,1f1b,interleaved "$@"
+    --schedule gpipe,1f1b,interleaved --compute-ms 30 "$@"
