@@ -139,20 +139,22 @@ def test_2d_job_and_a_tp_group_across_nodes(sbatch_wait, tmp_path):
 
 # --------------------------------------------------------------------------- stored outputs
 
-QUOTE = re.compile(r"`((?:tp|pp|2d)-\d+\.out)`[^\n]*\n+```text\n(.*?)```", re.S)
+SAMPLE = re.compile(r"`((?:tp|pp|2d)-\d+\.out)`")
+BLOCK = re.compile(r"^```text\n(.*?)^```", re.S | re.M)
 
 
 def test_readme_quotes_the_stored_outputs():
-    """Every output block of the README is introduced by the sample file it comes from, and
-    each of its lines is in that file."""
+    """Every ```text block of the README is output copied from the sample file named last
+    before it: each of its lines is in that file."""
     readme = (LESSON / "README.md").read_text()
-    quotes = QUOTE.findall(readme)
-    assert len(quotes) >= 3, "the README quotes fewer than 3 sample outputs"
-    for name, block in quotes:
-        text = (LESSON / name).read_text()
-        for line in block.splitlines():
-            if line.strip() and line.strip() != "...":
-                assert line in text, f"README quotes {line!r}, not in {name}"
+    blocks = list(BLOCK.finditer(readme))
+    assert len(blocks) >= 5, f"the README quotes {len(blocks)} outputs"
+    for block in blocks:
+        named = SAMPLE.findall(readme[: block.start()])
+        assert named, f"no sample file named before {block.group(1)[:80]!r}"
+        text = (LESSON / named[-1]).read_text()
+        for line in block.group(1).splitlines():
+            assert line in text, f"README quotes {line!r}, not in {named[-1]}"
     for name in ("tp", "pp", "2d"):
         samples = [p for p in LESSON.glob(f"{name}-*.out") if re.fullmatch(rf"{name}-\d+\.out",
                                                                            p.name)]  # fmt: skip

@@ -209,7 +209,8 @@ def train(args, env, device) -> int:
     # consecutive ranks: on one node when --tp divides the tasks per node.
     mesh = init_device_mesh(device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
     if why := tp_groups_within_nodes(mesh, env.node_rank, device):
-        print0(f"error: {why}")
+        if env.rank == 0:  # every rank knows it (the all-gather); one says it
+            print(f"error: {why}", file=sys.stderr, flush=True)
         return 2
     print0(f"mesh (dp, tp) = ({dp}, {args.tp}) over {world} ranks on {env.num_nodes} node(s): "
            f"tp groups {mesh.mesh.tolist()}, each within one node")  # fmt: skip
