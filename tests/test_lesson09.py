@@ -97,8 +97,8 @@ def losses(text: str) -> list[float]:
 
 
 def test_tp_job(sbatch_wait, tmp_path):
-    result = sbatch_wait(LESSON / "tp.sh", f"--output={tmp_path}/tp-%j.out", "--steps", "20",
-                         "--log-every", "10", timeout=240)  # fmt: skip
+    result = sbatch_wait(LESSON / "tp.sh", f"--output={tmp_path}/tp-%j.out",
+                         env={"STEPS": "20"}, timeout=240)  # fmt: skip
     assert result.returncode == 0, result.output
     plain, _, sp = result.output.partition("=== tp.py --sequence-parallel")
     check_counts(plain, sp=False)
@@ -109,8 +109,8 @@ def test_tp_job(sbatch_wait, tmp_path):
 
 
 def test_pp_job(sbatch_wait, tmp_path):
-    result = sbatch_wait(LESSON / "pp.sh", f"--output={tmp_path}/pp-%j.out", "--microbatches",
-                         "4", "--steps", "1", timeout=240)  # fmt: skip
+    result = sbatch_wait(LESSON / "pp.sh", f"--output={tmp_path}/pp-%j.out",
+                         env={"MICROBATCHES": "4", "STEPS": "1"}, timeout=240)  # fmt: skip
     assert result.returncode == 0, result.output
     for name, stages in (("gpipe", 4), ("1f1b", 4), ("interleaved", 8)):
         assert re.search(rf"{name} +{stages} +4 +[\d.]+ +[\d.]+ +-?\d+% +\d+% +[\d.]+",
@@ -118,15 +118,15 @@ def test_pp_job(sbatch_wait, tmp_path):
 
 
 def test_2d_job_and_a_tp_group_across_nodes(sbatch_wait, tmp_path):
-    result = sbatch_wait(LESSON / "2d.sh", f"--output={tmp_path}/2d-%j.out", "--steps", "20",
-                         "--log-every", "10", timeout=240)  # fmt: skip
+    result = sbatch_wait(LESSON / "2d.sh", f"--output={tmp_path}/2d-%j.out",
+                         env={"STEPS": "20"}, timeout=240)  # fmt: skip
     assert result.returncode == 0, result.output
     assert "mesh (dp, tp) = (2, 2) over 4 ranks on 2 node(s): tp groups [[0, 1], [2, 3]], " \
         "each within one node" in result.output, result.output  # fmt: skip
     assert "rank 0 holds 0.208 M (25%)" in result.output, result.output
     assert losses(result.output)[-1] < 2.6, result.output
 
-    refused = sbatch_wait(LESSON / "2d.sh", f"--output={tmp_path}/2d-%j.out", "--tp", "4",
+    refused = sbatch_wait(LESSON / "2d.sh", f"--output={tmp_path}/2d-%j.out", env={"TP": "4"},
                           timeout=240)  # fmt: skip
     assert refused.returncode == 2, refused.output
     errors = [line for line in refused.output.splitlines() if line.startswith("error:")]

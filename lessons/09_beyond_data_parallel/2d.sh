@@ -4,7 +4,8 @@
 # every tp group lies within one node before it builds anything.
 #
 #   sbatch lessons/09_beyond_data_parallel/2d.sh                # from the course root
-#   sbatch lessons/09_beyond_data_parallel/2d.sh --tp 4         # refused: a tp group over 2 nodes
+#   STEPS=20 sbatch lessons/09_beyond_data_parallel/2d.sh       # fewer steps (default 100)
+#   TP=4 sbatch lessons/09_beyond_data_parallel/2d.sh           # refused: a tp group over 2 nodes
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
 # (`#SBATCH --gpus-per-task=1`): tp.py then picks cuda:<local rank> and NCCL.
@@ -27,7 +28,8 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST: $SLURM_NNO
 # Where the processes meet: rank 0's node and a port derived from the job id (common/env.py).
 eval "$(python -m common.env --export)"
 
-# tp = tasks per node (tp.py's default), so dp = nodes. srun numbers the tasks node by node,
-# which puts each tp group on one node. (Slurm 22.05 to 23.02: pass --cpus-per-task to srun.)
+# tp = tasks per node, so dp = nodes. srun numbers the tasks node by node, which puts each tp
+# group on one node. (Slurm 22.05 to 23.02: pass --cpus-per-task to srun.)
 srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
-    python "$COURSE_ROOT/lessons/09_beyond_data_parallel/tp.py" --count-comms "$@"
+    python "$COURSE_ROOT/lessons/09_beyond_data_parallel/tp.py" --count-comms \
+    --tp "${TP:-$SLURM_NTASKS_PER_NODE}" --steps "${STEPS:-100}" "$@"

@@ -4,7 +4,8 @@
 # counts and prints the measured bubble next to (p-1)/(m+p-1).
 #
 #   sbatch lessons/09_beyond_data_parallel/pp.sh                       # from the course root
-#   sbatch lessons/09_beyond_data_parallel/pp.sh --microbatches 4,8    # more arguments: pp.py
+#   MICROBATCHES=4 STEPS=1 sbatch lessons/09_beyond_data_parallel/pp.sh   # a short run
+#   sbatch lessons/09_beyond_data_parallel/pp.sh --layers 16           # more arguments: pp.py
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
 # (`#SBATCH --gpus-per-task=1`): pp.py then picks cuda:<local rank> and NCCL.
@@ -34,4 +35,5 @@ eval "$(python -m common.env --export)"
 # (Slurm 22.05 to 23.02: srun does not inherit --cpus-per-task from the job: pass it.)
 srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     python "$COURSE_ROOT/lessons/09_beyond_data_parallel/pp.py" \
-    --schedule gpipe,1f1b,interleaved --compute-ms 30 "$@"
+    --schedule gpipe,1f1b,interleaved --compute-ms 30 \
+    --microbatches "${MICROBATCHES:-4,8,16}" --steps "${STEPS:-4}" "$@"

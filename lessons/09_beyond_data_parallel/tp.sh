@@ -4,7 +4,8 @@
 # each run counts the collectives of one step (CommDebugMode) before it trains.
 #
 #   sbatch lessons/09_beyond_data_parallel/tp.sh                # from the course root
-#   sbatch lessons/09_beyond_data_parallel/tp.sh --steps 50     # more arguments: tp.py
+#   STEPS=20 sbatch lessons/09_beyond_data_parallel/tp.sh       # fewer steps (default 100)
+#   sbatch lessons/09_beyond_data_parallel/tp.sh --dim 256      # more arguments: tp.py
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
 # (`#SBATCH --gpus-per-task=1`): tp.py then picks cuda:<local rank> and NCCL.
@@ -31,5 +32,6 @@ eval "$(python -m common.env --export)"
 for sp in --no-sequence-parallel --sequence-parallel; do
     echo "=== tp.py $sp"
     srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
-        python "$COURSE_ROOT/lessons/09_beyond_data_parallel/tp.py" "$sp" --count-comms "$@"
+        python "$COURSE_ROOT/lessons/09_beyond_data_parallel/tp.py" "$sp" --count-comms \
+        --steps "${STEPS:-100}" "$@"
 done
