@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm lint demo bench clean
+.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -20,6 +20,7 @@ help:
 	@echo "make cluster-down  stop it (cluster/down.sh)"
 	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 and 26.05"
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
+	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
 
@@ -79,8 +80,9 @@ lint: venv system
 # submits the same job scripts to the cluster and checks what they print. Two lanes
 # (pytest-xdist): the cluster tests one after another on one worker, which waits for their
 # jobs, and the rest, a file or a notebook at a time, beside them (see tests/conftest.py).
+# Lesson 09's tests (marked lesson09) run in a lane of their own: make test-lesson09.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
 # (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation
@@ -94,6 +96,11 @@ test-slurm: venv data container
 	    COURSE_SLURM_VERSION=$$v $(VENV)/bin/pytest -m every_slurm tests || rc=$$?; \
 	    echo "test-slurm: Slurm $$v took $$((SECONDS - start)) s"; done; \
 	    bash cluster/up.sh || rc=$$?; exit $$rc'
+
+# Lesson 09 (tests/test_lesson09.py and its notebook under nbval): split == unsplit, bad input,
+# its job scripts on the local cluster. About 3 minutes on 2 cores.
+test-lesson09: venv
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -m lesson09 tests lessons/09_beyond_data_parallel --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 demo: venv data cluster-up
 	@mkdir -p runs

@@ -50,6 +50,7 @@ with contextlib.suppress(PermissionError):  # made by another user: already open
 tempfile.tempdir = str(SHARED_TMP)
 
 CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
+LESSON09_NOTEBOOK = "lessons/09_beyond_data_parallel/"  # nbval items: marked lesson09 below
 
 # The cluster tests that `make test-slurm` runs again on the second Slurm version (cluster/up.sh
 # --slurm 24.11; CI runs it after `make test`), marked `every_slurm`: the cluster's own checks
@@ -127,6 +128,10 @@ def pytest_configure(config):
         "markers", "cluster: needs the local SLURM cluster (cluster/up.sh); runs after the rest "
         "(under --dist loadgroup: in a lane of its own)",
     )
+    config.addinivalue_line(
+        "markers", "lesson09: lesson 09's tests and notebook, a lane of their own (make "
+        "test-lesson09); `make test` leaves them out",
+    )
     if _loadgroup(config):
         # Hand out the groups in collection order (cluster group first, see below), not
         # largest group first: the cluster group is the longest lane, so it starts at once.
@@ -144,6 +149,8 @@ def pytest_collection_modifyitems(session, config, items):
     lanes = _loadgroup(config)
     uses_cluster = []
     for item in items:
+        if item.nodeid.startswith(LESSON09_NOTEBOOK):  # nbval's cells carry no marks of their own
+            item.add_marker(pytest.mark.lesson09)
         needs = "cluster" in getattr(item, "fixturenames", ())
         if needs:
             item.add_marker(pytest.mark.cluster)

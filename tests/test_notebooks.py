@@ -46,6 +46,7 @@ def test_every_lesson_is_there():
         "06_diagnosing_hangs",
         "07_fsdp_sharding",
         "08_data_pipeline",
+        "09_beyond_data_parallel",
     ]
 
 

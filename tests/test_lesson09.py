@@ -1,0 +1,162 @@
+"""Lesson 09 (tensor, pipeline and 2D parallelism). Every test here is marked `lesson09`: they
+run in a lane of their own (make test-lesson09), outside `make test`.
+
+CPU (gloo, real processes as srun starts them, every collective under a 30 s timeout): the
+tensor-parallel model (with and without sequence parallelism) gives the unsplit model's loss,
+logits and gradients, and so do GPipe and 1F1B over 2 stages; bad shapes are refused in one
+line each, before any process group. Cluster: tp.sh, pp.sh and 2d.sh run (short) on the local
+cluster; 2d.sh with a tp group across the nodes is refused. The stored sample outputs are the
+ones the README quotes.
+"""
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import clean_environ, run_ranks
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "lessons" / "09_beyond_data_parallel"
+WORKER = ROOT / "tests" / "workers" / "lesson09_split.py"
+TIMEOUT = 120
+
+pytestmark = pytest.mark.lesson09
+
+
+@pytest.mark.parametrize("what", ["tp", "pp"])
+def test_split_equals_unsplit(what):
+    """Loss, logits and every gradient within rtol 1e-4, atol 1e-5 (float32; the split sums
+    in another order) of one process running the whole model on the same batch."""
+    proc = run_ranks(2, [sys.executable, str(WORKER), what], timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    expected = (["ok tp sequence_parallel=False", "ok tp sequence_parallel=True"] if what == "tp"
+                else ["ok pp gpipe", "ok pp 1f1b"])  # fmt: skip
+    for line in expected:
+        assert line in proc.stdout, proc.stdout
+
+
+# Refused before the process group: one process that is told it is rank 0 of 2 says it alone.
+BAD = [
+    ("tp.py", "--tp 3", "error: --tp 3 does not divide the world size 2: the mesh is (dp, tp) = "
+     "(world/tp, tp); pass a divisor of 2, e.g. --tp 2"),
+    ("tp.py", "--tp 2 --heads 3", "error: --tp 2 does not divide --heads 3: each tp rank holds "
+     "heads/tp of every layer; pass a --tp that divides 3 or a --heads that --tp divides"),
+    ("tp.py", "--tp 2 --hidden 511", "error: --tp 2 does not divide --hidden 511: each tp rank "
+     "holds hidden/tp of every layer; pass a --tp that divides 511 or a --hidden that --tp "
+     "divides"),
+    ("tp.py", "--tp 2 --seq-len 63", "error: --tp 2 does not divide --seq-len 63: sequence "
+     "parallelism splits the sequence over the tp ranks; pass a --seq-len that --tp divides or "
+     "--no-sequence-parallel"),
+    ("pp.py", "--layers 1", "error: --schedule gpipe on 2 ranks needs 2 stages but the model has "
+     "--layers 1: a stage needs at least one layer; pass --layers 2 or more, or run on fewer "
+     "ranks"),
+    ("pp.py", "--schedule interleaved --layers 3", "error: --schedule interleaved on 2 ranks "
+     "needs 4 stages but the model has --layers 3: a stage needs at least one layer; pass "
+     "--layers 4 or more, or run on fewer ranks"),
+    ("pp.py", "--microbatches 1,4", "error: --microbatches 1 is fewer than the 2 pipeline ranks: "
+     "some stages would never have work; pass --microbatches 2 or more"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("script", "args", "line"), BAD, ids=[f"{s} {a}" for s, a, _ in BAD])
+def test_bad_input_is_one_line(script, args, line):
+    import subprocess
+
+    env = clean_environ(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT="29400")  # fmt: skip
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(LESSON / script), *args.split()], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
+    # No rank 1 ever comes: a refusal after the process group would wait for it.
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.splitlines() == [line], proc.stderr
+    assert proc.stdout == ""
+    assert time.monotonic() - t0 < 60
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+def check_counts(text: str, sp: bool) -> None:
+    """Per block, forward and backward: 2 all-reduces each (plain TP), or 2 all-gathers and 2
+    reduce-scatters each (sequence parallel)."""
+    if sp:
+        block = ("collectives layers.0        forward: all_gather_into_tensor 2, "
+                 "reduce_scatter_tensor 2 | backward: all_gather_into_tensor 2, "
+                 "reduce_scatter_tensor 2")  # fmt: skip
+    else:
+        block = "collectives layers.0        forward: all_reduce 2 | backward: all_reduce 2"
+    assert block in text, text
+    assert "collectives loss_parallel   forward: all_reduce 3" in text, text
+
+
+def losses(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"\| loss ([\d.]+) \|", text)]
+
+
+def test_tp_job(sbatch_wait, tmp_path):
+    result = sbatch_wait(LESSON / "tp.sh", f"--output={tmp_path}/tp-%j.out",
+                         env={"STEPS": "20"}, timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.output
+    plain, _, sp = result.output.partition("=== tp.py --sequence-parallel")
+    check_counts(plain, sp=False)
+    check_counts(sp, sp=True)
+    assert "layers.0.attention.wq.weight: DTensor (128, 128) (Shard(dim=0),), rank 0 holds " \
+        "(64, 128)" in sp, sp  # fmt: skip
+    assert losses(sp)[-1] < 2.6, result.output  # from ln 128 = 4.85
+
+
+def test_pp_job(sbatch_wait, tmp_path):
+    result = sbatch_wait(LESSON / "pp.sh", f"--output={tmp_path}/pp-%j.out",
+                         env={"MICROBATCHES": "4", "STEPS": "1"}, timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.output
+    for name, stages in (("gpipe", 4), ("1f1b", 4), ("interleaved", 8)):
+        assert re.search(rf"{name} +{stages} +4 +[\d.]+ +[\d.]+ +-?\d+% +\d+% +[\d.]+",
+                         result.output), result.output  # fmt: skip
+
+
+def test_2d_job_and_a_tp_group_across_nodes(sbatch_wait, tmp_path):
+    result = sbatch_wait(LESSON / "2d.sh", f"--output={tmp_path}/2d-%j.out",
+                         env={"STEPS": "20"}, timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.output
+    assert "mesh (dp, tp) = (2, 2) over 4 ranks on 2 node(s): tp groups [[0, 1], [2, 3]], " \
+        "each within one node" in result.output, result.output  # fmt: skip
+    assert "rank 0 holds 0.208 M (25%)" in result.output, result.output
+    assert losses(result.output)[-1] < 2.6, result.output
+
+    refused = sbatch_wait(LESSON / "2d.sh", f"--output={tmp_path}/2d-%j.out", env={"TP": "4"},
+                          timeout=240)  # fmt: skip
+    assert refused.returncode == 2, refused.output
+    errors = [line for line in refused.output.splitlines() if line.startswith("error:")]
+    line = ("error: tp group of ranks [0, 1, 2, 3] spans nodes [0, 1]: --tp 4 is more than the "
+            "tasks per node, or the ranks are not numbered node by node; pass --tp <tasks per "
+            "node> (srun numbers tasks node by node)")  # fmt: skip
+    assert errors == [line], refused.output
+    assert "Traceback" not in refused.output
+
+
+# --------------------------------------------------------------------------- stored outputs
+
+SAMPLE = re.compile(r"`((?:tp|pp|2d)-\d+\.out)`")
+BLOCK = re.compile(r"^```text\n(.*?)^```", re.S | re.M)
+
+
+def test_readme_quotes_the_stored_outputs():
+    """Every ```text block of the README is output copied from the sample file named last
+    before it: each of its lines is in that file."""
+    readme = (LESSON / "README.md").read_text()
+    blocks = list(BLOCK.finditer(readme))
+    assert len(blocks) >= 5, f"the README quotes {len(blocks)} outputs"
+    for block in blocks:
+        named = SAMPLE.findall(readme[: block.start()])
+        assert named, f"no sample file named before {block.group(1)[:80]!r}"
+        text = (LESSON / named[-1]).read_text()
+        for line in block.group(1).splitlines():
+            assert line in text, f"README quotes {line!r}, not in {named[-1]}"
+    for name in ("tp", "pp", "2d"):
+        samples = [p for p in LESSON.glob(f"{name}-*.out") if re.fullmatch(rf"{name}-\d+\.out",
+                                                                           p.name)]  # fmt: skip
+        assert len(samples) == 1, f"expected one {name}-<jobid>.out in {LESSON}, found {samples}"
+        assert "Traceback" not in samples[0].read_text()
