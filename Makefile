@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm lint demo bench clean
+.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-sites lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -19,6 +19,7 @@ help:
 	@echo "                   SLURM=24.11 for Slurm 24.11's daemons and clients instead of 22.05)"
 	@echo "make cluster-down  stop it (cluster/down.sh)"
 	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 (SLURM=...), then 22.05 again"
+	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, fewer GPUs on resume)"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
 
@@ -76,8 +77,11 @@ lint: venv system
 # submits the same job scripts to the cluster and checks what they print. Two lanes
 # (pytest-xdist): the cluster tests one after another on one worker, which waits for their
 # jobs, and the rest, a file or a notebook at a time, beside them (see tests/conftest.py).
+# The tests marked `sites` (what sites that differ from the local cluster do to the jobs:
+# --export=NONE, a /tmp shared by every job of a node, a resume on fewer GPUs) run in a lane of
+# their own: make test-sites.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -m "not sites" -n 2 --dist loadgroup tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The second Slurm version's lane (CI runs it after `make test`): the tests marked
 # `every_slurm` (tests/conftest.py: every lesson's job scripts at least once, and every test whose
@@ -89,6 +93,10 @@ test-slurm: venv data container
 	flock $(LOCK) bash -c 'export COURSE_SLURM_VERSION=$(SLURM_LANE); rc=0; \
 	    $(VENV)/bin/pytest -m every_slurm tests || rc=$$?; \
 	    unset COURSE_SLURM_VERSION; bash cluster/up.sh || rc=$$?; exit $$rc'
+
+# The `sites` lane: cluster tests take the cluster lock themselves, one job at a time.
+test-sites: venv data
+	$(VENV)/bin/pytest -m sites tests
 
 demo: venv data cluster-up
 	@mkdir -p runs

@@ -126,6 +126,10 @@ def pytest_configure(config):
         "markers", "cluster: needs the local SLURM cluster (cluster/up.sh); runs after the rest "
         "(under --dist loadgroup: in a lane of its own)",
     )
+    config.addinivalue_line(
+        "markers", "sites: what other sites do to the jobs (--export=NONE, a shared /tmp, a "
+        "resume on fewer GPUs); a lane of its own (make test-sites), left out of make test",
+    )
     if _loadgroup(config):
         # Hand out the groups in collection order (cluster group first, see below), not
         # largest group first: the cluster group is the longest lane, so it starts at once.
