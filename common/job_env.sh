@@ -46,7 +46,7 @@ export COURSE_ROOT
 # The steps are to run in the environment this file makes, as sbatch(1) advises: ALL. (Also for
 # --export=NAME,...: the named variables are in this shell already.) Variables given at
 # submission do not reach such a job: say so once, with the way that does.
-if [[ -n ${SLURM_EXPORT_ENV:-} && ${SLURM_EXPORT_ENV} != ALL && ${SLURM_EXPORT_ENV} != ALL,* ]]; then
+if [[ -n ${SLURM_EXPORT_ENV:-} && $SLURM_EXPORT_ENV != ALL && $SLURM_EXPORT_ENV != ALL,* ]]; then
     echo "note: this job was submitted with --export=${SLURM_EXPORT_ENV} (a site default?): variables of the submitting shell (EPOCHS=, CHECKPOINT=, COURSE_*) did not reach it; pass them with sbatch --export=ALL,NAME=value or set them in site.sh. Its srun steps get the course's environment (SLURM_EXPORT_ENV=ALL)." >&2
     export SLURM_EXPORT_ENV=ALL
 fi

@@ -11,7 +11,7 @@
 # then cancel, preempt or let it run out, and read slurm-<jobid>.out and the heartbeats
 # (PROBE_DIR, default runs/signal-probe/<jobid>/).
 set -uo pipefail
-# A site with --export=NONE would start the srun steps below without PATH (common/job_env.sh,
+# A site with --export=NONE would start the srun steps below without PATH (the course's job_env.sh,
 # which this script does not need, says why): give them this script's environment.
 [[ ${SLURM_EXPORT_ENV:-ALL} == ALL* ]] || export SLURM_EXPORT_ENV=ALL
 

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by lesson 08's job scripts (job.sh, bench.sh, scaling.sh) after common/job_env.sh:
+# Sourced by lesson 08's job scripts (job.sh, bench.sh, scaling.sh) after the course's job_env.sh:
 # sets LOCAL_DATA, the folder on every node's local disk that this job stages its data into
 # (stage.sh makes it), and sees that it is removed on every node when the job ends, however it
 # ends: done, failed, out of time, cancelled, preempted.
