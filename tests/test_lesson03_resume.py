@@ -75,6 +75,8 @@ def test_four_rank_checkpoint_resumed_on_three_ranks_ends_the_cycle(tmp_path):
     assert "Traceback" not in out, out
     assert f"resumed from {ckpt} after epoch 1" in resumed.stdout, out
     assert "world size 3 (1 node(s) x 3), global batch 126 = 3 x 42, 66 steps per epoch" in out
+    assert ("the schedule counts 64 steps per epoch (the run that started it), this run takes "
+            "66: its steps are mapped onto that count") in resumed.stdout, out
     assert [r["epoch"] for r in parse_log(resumed.stdout)] == [2], out
     # The recipe of the run that started: the same 128-step cycle, ended at its last step with
     # the learning rate an uninterrupted run ends with, not cut short and not stretched.
