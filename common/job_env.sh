@@ -26,6 +26,12 @@
 #                     run Python in a container image that brings torch (lesson 04: enroot,
 #                     pyxis, Apptainer): the host then needs only python3, for common.env.
 #   SBATCH_PARTITION, SBATCH_ACCOUNT, SBATCH_QOS, ...  read by sbatch itself.
+#
+# Sites that make --export=NONE the default (SBATCH_EXPORT=NONE in the login profile, or a
+# submit plugin) start the job script with the SLURM_* variables and a login shell's
+# environment only: nothing of the submitting shell (no venv on PATH, no PYTHONPATH, no
+# COURSE_*). Everything the jobs need is set here, from COURSE_ROOT (the submit directory),
+# so the batch script runs as it does elsewhere (cluster/README.md, "Sites with --export=NONE").
 
 if [[ ! -d ${COURSE_ROOT:-}/common ]]; then
     echo "error: COURSE_ROOT='${COURSE_ROOT:-}' is not the course directory (no common/ in it): submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>." >&2
@@ -33,6 +39,17 @@ if [[ ! -d ${COURSE_ROOT:-}/common ]]; then
 fi
 COURSE_ROOT=$(cd "$COURSE_ROOT" && pwd)
 export COURSE_ROOT
+
+# Sites with --export=NONE: sbatch also sets SLURM_EXPORT_ENV=NONE in the job, and srun reads it
+# as its own --export: every step would start with the SLURM_* variables alone, without the
+# PATH, the venv and the PYTHONPATH set below ("execve(): python: No such file or directory").
+# The steps are to run in the environment this file makes, as sbatch(1) advises: ALL. (Also for
+# --export=NAME,...: the named variables are in this shell already.) Variables given at
+# submission do not reach such a job: say so once, with the way that does.
+if [[ -n ${SLURM_EXPORT_ENV:-} && $SLURM_EXPORT_ENV != ALL && $SLURM_EXPORT_ENV != ALL,* ]]; then
+    echo "note: this job was submitted with --export=${SLURM_EXPORT_ENV} (a site default?): variables of the submitting shell (EPOCHS=, CHECKPOINT=, COURSE_*) did not reach it; pass them with sbatch --export=ALL,NAME=value or set them in site.sh. Its srun steps get the course's environment (SLURM_EXPORT_ENV=ALL)." >&2
+    export SLURM_EXPORT_ENV=ALL
+fi
 
 COURSE_SITE_FILE=${COURSE_SITE_FILE:-$COURSE_ROOT/site.sh}
 if [[ -f $COURSE_SITE_FILE ]]; then

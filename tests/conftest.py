@@ -132,6 +132,11 @@ def pytest_configure(config):
         "markers", "lesson09: lesson 09's tests and notebook, a lane of their own (make "
         "test-lesson09); `make test` leaves them out",
     )
+    config.addinivalue_line(
+        "markers", "sites: what other sites do to the jobs (--export=NONE, a shared /tmp, rank 0 "
+        "elsewhere, GPU binding, a resume on fewer GPUs); a lane of its own (make test-sites), "
+        "left out of make test",
+    )
     if _loadgroup(config):
         # Hand out the groups in collection order (cluster group first, see below), not
         # largest group first: the cluster group is the longest lane, so it starts at once.

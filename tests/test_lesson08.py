@@ -128,9 +128,12 @@ def test_job_sh_stages_the_folder_form_with_srun_and_trains(data, cluster, tmp_p
     status, out = submit_job(tmp_path, LESSON / "job.sh", "--max-steps", "8", "--workers", "1",
                              env={"FORM": "folder", "STAGE_WITH": "srun"}, timeout=180)  # fmt: skip
     assert status == 0, out
-    staged = r"staged folder \(\d+ MB\) from .* to /tmp/mnist-files on 2 node\(s\) with srun"
-    assert re.search(staged, out), out
-    assert "data folder from /tmp/mnist-files: 60000 train, 10000 test images; world size 4" in out
+    # The job's own folder on each node (named after the job), removed when it ends.
+    staged = r"staged folder \(\d+ MB\) from .* to /tmp/mnist-files-(\d+) on 2 node\(s\) with srun"
+    found = re.search(staged, out)
+    assert found, out
+    assert (f"data folder from /tmp/mnist-files-{found[1]}: 60000 train, 10000 test images; "
+            "world size 4") in out, out  # fmt: skip
     assert "1 loader worker(s)" in out
     assert "10000 images scored once each" in out
 

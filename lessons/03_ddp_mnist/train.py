@@ -96,6 +96,16 @@ def train(args: argparse.Namespace, env, device: torch.device) -> None:
         scheduler.load_state_dict(ckpt["scheduler"])
         start_epoch = ckpt["epoch"]
         print0(f"resumed from {args.checkpoint} after epoch {start_epoch}")
+    # The one-cycle schedule is a curve over the steps of the run that started it: their count
+    # came back with the scheduler's state. A resume on another number of ranks has another
+    # number of steps per epoch (each rank's share of the data changes), so stepping the
+    # scheduler once per step would end the cycle early (torch stops with "Tried to step N
+    # times") or late. Instead each step moves it to the same point of the epoch in the first
+    # run's count: the learning rate follows the same curve, and the last step ends the cycle.
+    schedule_steps = scheduler.total_steps // args.epochs  # per epoch, in the first run
+    if schedule_steps != steps_per_epoch:
+        print0(f"the schedule counts {schedule_steps} steps per epoch (the run that started it)"
+               f", this run takes {steps_per_epoch}: its steps are mapped onto that count")
 
     # DDP all-reduces the gradients during backward(). On a GPU each process names the one
     # device it drives; on the CPU there is no device to name.
@@ -117,7 +127,10 @@ def train(args: argparse.Namespace, env, device: torch.device) -> None:
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP all-reduces the gradients here, overlapped with backward
             optimizer.step()
-            scheduler.step()
+            # = one scheduler.step() per step when the world size has not changed.
+            position = epoch * schedule_steps + step * schedule_steps // steps_per_epoch
+            while scheduler.last_epoch < position:
+                scheduler.step()
             loss_sum[0] += loss.detach().double() * len(idx)
             loss_sum[1] += len(idx)
             if step % args.log_every == 0:

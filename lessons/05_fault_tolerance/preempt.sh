@@ -16,6 +16,9 @@
 #SBATCH --gres=gpu:2               # every GPU of both nodes: the running job must make room
 #SBATCH --time=00:05:00
 set -euo pipefail
+# A site with --export=NONE would start the srun steps below without PATH (the course's job_env.sh,
+# which this script does not need, says why): give them this script's environment.
+[[ ${SLURM_EXPORT_ENV:-ALL} == ALL* ]] || export SLURM_EXPORT_ENV=ALL
 
 echo "=== urgent job $SLURM_JOB_ID starts $(date -u '+%F %T') UTC on $SLURM_JOB_NODELIST"
 # shellcheck disable=SC2016  # expanded by the shell of each task, on its node

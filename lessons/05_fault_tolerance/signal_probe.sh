@@ -11,6 +11,9 @@
 # then cancel, preempt or let it run out, and read slurm-<jobid>.out and the heartbeats
 # (PROBE_DIR, default runs/signal-probe/<jobid>/).
 set -uo pipefail
+# A site with --export=NONE would start the srun steps below without PATH (the course's job_env.sh,
+# which this script does not need, says why): give them this script's environment.
+[[ ${SLURM_EXPORT_ENV:-ALL} == ALL* ]] || export SLURM_EXPORT_ENV=ALL
 
 COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
 PROBE_DIR=${PROBE_DIR:-$COURSE_ROOT/runs/signal-probe}/$SLURM_JOB_ID.${SLURM_RESTART_COUNT:-0}

@@ -44,7 +44,8 @@ echo "SRUN_CPUS_PER_TASK=$n srun: $(SRUN_CPUS_PER_TASK=$n counted srun)"
 # Where DataLoader workers hand over their batches: /dev/shm, here a tmpfs of the job's own.
 echo "/dev/shm in this job: $(srun df -h --output=size,used,target /dev/shm | tail -n 1)"
 
-LOCAL_DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
+# shellcheck source=lessons/08_data_pipeline/local_copy.sh
+source "$LESSON/local_copy.sh"  # LOCAL_DATA: this job's folder on each node, removed at the end
 FORMS=${FORMS:-packed folder}
 for form in $FORMS; do
     bash "$LESSON/stage.sh" "$form" "$SHARED_DATA" "$LOCAL_DATA" sbcast

@@ -35,11 +35,13 @@ course_need_file "$SHARED_DATA/folder.tar" "prepare the files once, on the login
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) starts $(date -u '+%F %T') UTC on $SLURM_JOB_NODELIST, $(sinfo --version)"
 echo "$SLURM_NNODES nodes x $SLURM_NTASKS_PER_NODE tasks, $SLURM_CPUS_PER_TASK CPUs per task; data: $FORM form, read from $FROM"
-# Node-local disk: a site's per-job folder where it has one ($SLURM_TMPDIR on some clusters),
-# else /tmp, which is private to the job on each node where the site runs job_container/tmpfs
-# (as the local cluster does) and is emptied when the job ends.
+# Node-local disk: a folder of this job's own in the site's per-job folder where it has one
+# ($SLURM_TMPDIR on some clusters), else in /tmp, removed on every node when the job ends
+# (local_copy.sh says how and why).
 if [[ $FROM == local ]]; then
-    DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
+    # shellcheck source=lessons/08_data_pipeline/local_copy.sh
+    source "$LESSON/local_copy.sh"  # LOCAL_DATA: this job's folder on each node, removed at the end
+    DATA=$LOCAL_DATA
     bash "$LESSON/stage.sh" "$FORM" "$SHARED_DATA" "$DATA" "$STAGE_WITH"
 else
     DATA=$SHARED_DATA

@@ -45,9 +45,11 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST, $(sinfo --
 # The load of the machine when the study starts: other work on the nodes skews every figure.
 echo "SCALING host_cpus=$(nproc --all) load_1min=$(cut -d " " -f 1 /proc/loadavg) gpus_per_node=${SLURM_GPUS_ON_NODE:-0} steps=$STEPS"
 
-DATA=${SLURM_TMPDIR:-/tmp}/mnist-files
-RESULTS=$(mktemp)  # this job's lines, for the table at the end
+# shellcheck source=lessons/08_data_pipeline/local_copy.sh
+source "$LESSON/local_copy.sh"  # LOCAL_DATA: this job's folder on each node, removed at the end
+DATA=$LOCAL_DATA
 bash "$LESSON/stage.sh" packed "$SHARED_DATA" "$DATA" sbcast
+RESULTS=$DATA/results.txt  # this job's lines, for the table at the end (removed with the data)
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
 # 1 rank; 2 ranks on one node; 2 ranks on two nodes; 4 ranks.
 for shape in $SHAPES; do

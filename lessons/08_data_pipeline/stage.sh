@@ -29,7 +29,15 @@ done
 per_node=(srun --nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1
     --cpus-per-task=1 --overlap)
 start=$EPOCHREALTIME
-"${per_node[@]}" mkdir -p "$dest/packed"
+# The destination is this job's own folder (local_copy.sh names it after the job): made with mode
+# 700, so that where every job and user of a node shares /tmp nobody else reads or changes it.
+# A second call of the same job finds it made (mkdir first, then the check: where the nodes share
+# the folder, another node of this job may make it in between); one that anybody else made is
+# refused.
+# shellcheck disable=SC2016  # $1 is expanded by the bash on each node
+"${per_node[@]}" bash -c 'mkdir -m 700 "$1" 2>/dev/null || [[ -d $1 && ! -L $1 && -O $1 ]] || {
+    echo "error: $(hostname): cannot make this job'\''s folder $1 ($(ls -ld "$1" 2>&1)): set SLURM_TMPDIR to a folder of yours on the node'\''s local disk" >&2; exit 2; }
+    mkdir -p "$1/packed"' _ "$dest"
 for f in "${files[@]}"; do
     if [[ $how == sbcast ]]; then
         sbcast --force "$src/$f" "$dest/$f"
