@@ -279,7 +279,10 @@ def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest
                           f"ranks)")  # fmt: skip
     precision = args.precision
     if precision == "auto":
-        precision = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+        # including_emulation=False: by default torch counts a GPU that only emulates bf16
+        # (V100, T4: no bf16 units, so slower than fp32) as supporting it.
+        native = device.type == "cuda" and torch.cuda.is_bf16_supported(including_emulation=False)
+        precision = "bf16" if native else "fp32"
     if precision == "bf16" and args.wrap == "ddp":
         raise LaunchError("--precision bf16 is FSDP2's MixedPrecisionPolicy: use it with "
                           "--wrap fsdp (DDP would need torch.autocast)")  # fmt: skip
