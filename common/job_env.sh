@@ -132,6 +132,13 @@ else
     echo "using ${CONDA_PREFIX:+the conda environment $CONDA_PREFIX: }$course_python (no .venv in the course, no COURSE_VENV)"
     unset course_python
 fi
+# common/ needs Python 3.10 or newer (pyproject.toml's requires-python) on the host too, also
+# where torch runs in a container: RHEL 8's own /usr/bin/python3 is 3.6, and would stop with a
+# SyntaxError in the middle of the job.
+if ! python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+    echo "error: $(command -v python3 || echo python3) is $(python3 -V 2>&1 || echo missing), and common/ needs Python 3.10 or newer: load a newer one in site.sh (module load python/3.11, or RHEL 8's dnf install python3.11 and its python3.11 first on PATH), or set COURSE_VENV." >&2
+    exit 2
+fi
 
 # course_require_host_torch WHAT: stop with one line unless the python3 on PATH imports torch.
 # For a job that runs its training in a container where it can, and on the host where not.

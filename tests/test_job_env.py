@@ -88,6 +88,24 @@ def test_a_conda_environment_is_accepted(tmp_path):
     assert proc.stdout.split() == [str(conda / "bin" / "python3"), str(conda)]
 
 
+def test_a_python_older_than_3_10_is_one_line(tmp_path):
+    """RHEL 8's own python3 is 3.6: the host side of a container job (COURSE_TORCH_IN_CONTAINER)
+    would otherwise fail inside common/ in the middle of the job. Stand-in: a python3 that says
+    3.6.8 and fails what 3.6 fails, the version check."""
+    old = tmp_path / "conda-env"
+    (old / "conda-meta").mkdir(parents=True)
+    (old / "bin").mkdir()
+    python3 = old / "bin" / "python3"
+    python3.write_text('#!/bin/sh\n[ "$1" = -V ] && { echo "Python 3.6.8"; exit 0; }\nexit 1\n')
+    python3.chmod(0o755)
+    env = base_env(COURSE_ROOT=str(ROOT), COURSE_VENV=str(old), COURSE_TORCH_IN_CONTAINER="1")
+    proc = bash(f'source "{JOB_ENV}"; echo reached', env)
+    assert proc.returncode == 2 and "reached" not in proc.stdout, proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {python3} is Python 3.6.8, and "
+                                                  "common/ needs Python 3.10 or newer"), lines
+
+
 @pytest.mark.parametrize(
     "setting,needle",
     [
