@@ -181,7 +181,8 @@ def build_model(sync_bn: bool = False) -> torch.nn.Module:
     if sync_bn:
         # BatchNorm normalises over the batch it sees: under DDP, each rank's share (32 of 128
         # on 4 ranks), so the recipe changes with the number of ranks. SyncBatchNorm computes
-        # the statistics over the global batch instead (one more all-reduce per layer; GPUs only).
+        # the statistics over the global batch instead: an all-gather per layer in forward, an
+        # all-reduce in backward; on accelerators (CUDA, XPU, HPU), not on the CPU.
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return model
 

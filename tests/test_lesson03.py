@@ -178,7 +178,7 @@ def test_sync_bn_on_cpu_is_refused_in_one_line():
     proc = run_train(1, "--epochs", "1", *SUBSET, "--sync-bn")
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
-        "error: --sync-bn needs GPUs (SyncBatchNorm runs on CUDA only); drop it on CPU"
+        "error: --sync-bn needs GPUs (SyncBatchNorm has no CPU kernel); drop it on CPU"
     ], proc.stderr
 
 

@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def train(args: argparse.Namespace, env, device: torch.device) -> None:
     if args.sync_bn and device.type != "cuda":
-        raise LaunchError("--sync-bn needs GPUs (SyncBatchNorm runs on CUDA only); drop it on CPU")
+        raise LaunchError("--sync-bn needs GPUs (SyncBatchNorm has no CPU kernel); drop it on CPU")
     train_x, train_y, test_x, test_y = load_data(device, args.train_subset, args.test_subset)
 
     # The global batch is split over the ranks; DDP averages the ranks' gradients, which gives
@@ -202,7 +202,7 @@ def main(argv=None) -> int:
         train(args, env, device)
     except (LaunchError, MnistDataError, CheckpointError) as exc:
         # Every rank meets the same problem; rank 0 alone says it (all ranks exit with 2). The
-        # others wait until it has: torchrun stops every rank as soon as one of them exits.
+        # others wait until it has: torchrun stops every rank as soon as one of them fails.
         print0(f"error: {exc}", file=sys.stderr)
         dist.barrier()
         return 2
