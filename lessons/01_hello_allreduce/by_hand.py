@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         # The formula needs the same number of tasks on every node (--ntasks-per-node).
         raise SystemExit(f"by_hand.py: rank {rank} from the formula but SLURM_PROCID="
                          f"{os.environ['SLURM_PROCID']}: the step has an uneven number of tasks "
-                         f"per node; ask for --ntasks-per-node")
+                         f"per node or is not in block order; ask for --ntasks-per-node")
 
     # 2. Where do we meet? Rank 0's node, on a port every task computes alike.
     master_addr = os.environ.get("MASTER_ADDR")
