@@ -16,7 +16,8 @@ help:
 	@echo "make setup         system packages, .venv, MNIST data, container image, local cluster"
 	@echo "make container     lesson 04's Charliecloud image (built once, reused after)"
 	@echo "make cluster-up    start the local cluster (cluster/up.sh; NODES=3 GPUS=1 to reshape,"
-	@echo "                   SLURM=24.11 or 26.05 for that Slurm's daemons and clients instead of 22.05)"
+	@echo "                   SLURM=24.11 or 26.05 for that Slurm's daemons and clients instead of 22.05,"
+	@echo "                   SITE=export-none or shared-tmp to play such a site)"
 	@echo "make cluster-down  stop it (cluster/down.sh)"
 	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 and 26.05"
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
@@ -59,6 +60,9 @@ GPUS ?= 2
 # Empty: COURSE_SLURM_VERSION if set, else 22.05 (cluster/up.sh --slurm).
 SLURM ?=
 SLURM_FLAG := $(if $(SLURM),--slurm $(SLURM))
+# Empty: COURSE_CLUSTER_SITE if set, else strict (cluster/up.sh --site; cluster/README.md).
+SITE ?=
+SLURM_FLAG += $(if $(SITE),--site $(SITE))
 # Already up in this shape: nothing to do. Otherwise (re)start it holding the lock that every
 # job submission on this machine holds (tests/conftest.py, cluster/README.md), so that a restart
 # never cuts short somebody else's running job.

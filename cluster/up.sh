@@ -15,6 +15,10 @@ CPUS=64
 MEM=256000
 WAIT_S=${COURSE_CLUSTER_WAIT_S:-60}
 CHECK_ONLY=0
+# The site the cluster plays (--site): strict (per-job /tmp, sbatch's own --export=ALL default),
+# export-none (sbatch defaults to --export=NONE), shared-tmp (no per-job /tmp). cluster/README.md.
+SITE=${COURSE_CLUSTER_SITE:-strict}
+SITES="strict export-none shared-tmp"
 # The version: --slurm, else COURSE_SLURM_VERSION (a test run or a shell that works with one
 # version throughout), else the default.
 SLURM_VERSION=${COURSE_SLURM_VERSION:-$SLURM_DEFAULT}
@@ -23,7 +27,7 @@ slurm_suite "$SLURM_VERSION" >/dev/null ||
 
 usage() {
     cat <<EOF
-Usage: bash cluster/up.sh [--slurm VERSION] [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--mem-per-node MB]
+Usage: bash cluster/up.sh [--slurm VERSION] [--site SITE] [--nodes N] [--gpus-per-node G] [--cpus-per-node C] [--mem-per-node MB]
 
 Start the local SLURM cluster (nodes node1..nodeN) and return once every node is idle.
 Running it again with the same shape changes nothing; another shape restarts the cluster.
@@ -31,6 +35,9 @@ Running it again with the same shape changes nothing; another shape restarts the
   --slurm VERSION      Slurm version: ${SLURM_VERSIONS// /, } (default \$COURSE_SLURM_VERSION, else
                        $SLURM_DEFAULT, this machine's own packages; another runs from a Debian root
                        made once, see cluster/README.md)
+  --site SITE          the site it plays: strict (default: a private /tmp per job), export-none
+                       (sbatch defaults to --export=NONE), shared-tmp (one /tmp for every job);
+                       \$COURSE_CLUSTER_SITE sets the default (cluster/README.md, "Site profiles")
   --nodes N            number of nodes (default $NODES, at most 200)
   --gpus-per-node G    "GPUs" per node, bookkeeping only (default $GPUS, at most 16)
   --cpus-per-node C    CPUs each node declares (default $CPUS)
@@ -63,19 +70,19 @@ while [[ $# -gt 0 ]]; do
         shift
         continue
         ;;
-    --slurm=* | --nodes=* | --gpus-per-node=* | --cpus-per-node=* | --mem-per-node=*)
+    --slurm=* | --site=* | --nodes=* | --gpus-per-node=* | --cpus-per-node=* | --mem-per-node=*)
         flag=${arg%%=*}
         value=${arg#*=}
         shift
         ;;
-    --slurm | --nodes | --gpus-per-node | --cpus-per-node | --mem-per-node)
+    --slurm | --site | --nodes | --gpus-per-node | --cpus-per-node | --mem-per-node)
         flag=$arg
         [[ $# -ge 2 ]] || die "$flag needs a value (see --help)"
         value=$2
         shift 2
         ;;
     *)
-        die "unknown option '$arg' (known: --slurm --nodes --gpus-per-node --cpus-per-node --mem-per-node --check --help)"
+        die "unknown option '$arg' (known: --slurm --site --nodes --gpus-per-node --cpus-per-node --mem-per-node --check --help)"
         ;;
     esac
     case $flag in
@@ -84,6 +91,7 @@ while [[ $# -gt 0 ]]; do
             die "--slurm must be one of ${SLURM_VERSIONS// /, }, got '$value' (see --help)"
         SLURM_VERSION=$value
         ;;
+    --site) SITE=$value ;;
     --nodes) set_int "$flag" "$value" 1 200 && NODES=$REPLY ;;
     --gpus-per-node) set_int "$flag" "$value" 0 16 && GPUS=$REPLY ;;
     --cpus-per-node) set_int "$flag" "$value" 1 4096 && CPUS=$REPLY ;;
@@ -91,6 +99,7 @@ while [[ $# -gt 0 ]]; do
     esac
 done
 
+[[ " $SITES " == *" $SITE "* ]] || die "--site (or COURSE_CLUSTER_SITE) must be one of ${SITES// /, }, got '$SITE' (see --help)"
 [[ $(id -u) -eq 0 ]] || die "run as root: it starts system daemons and writes /etc/slurm and /etc/hosts"
 
 CTL_NAME=course-ctl
@@ -102,6 +111,7 @@ CTL_PORT=6817
 # Seconds a preempted job of partition "local" has between SIGTERM and SIGKILL.
 GRACE_S=30
 SHAPE="nodes=$NODES gpus-per-node=$GPUS cpus-per-node=$CPUS mem-per-node=$MEM slurm=$SLURM_VERSION"
+[[ $SITE == strict ]] || SHAPE+=" site=$SITE"
 # The root this version's daemons run from (cluster/slurm_root.sh); none for this machine's own.
 SLURM_ROOT=""
 [[ -n $(slurm_suite "$SLURM_VERSION") ]] && SLURM_ROOT=$SLURM_CACHE/$SLURM_VERSION
@@ -204,11 +214,20 @@ render_configs() {
     # know the new one.
     local job_container="JobContainerType=job_container/tmpfs"
     version_at_least 25.11 && job_container="NamespaceType=namespace/tmpfs"
+    local site_lines="# Site profile: $SITE (cluster/README.md, \"Site profiles\")."
+    case $SITE in
+    shared-tmp) job_container="# (site shared-tmp: no per-job /tmp; every job sees the machine's /tmp)" ;;
+    # Sites make --export=NONE sbatch's default with a cli_filter (or SBATCH_EXPORT=NONE in the
+    # login profile): the clients run cli_filter.lua, beside slurm.conf, before every submission.
+    export-none) site_lines+=$'\n'"CliFilterPlugins=cli_filter/lua" ;;
+    esac
+    CLI_FILTER_TEXT=""
+    [[ $SITE == export-none ]] && CLI_FILTER_TEXT=$(<"$HERE/cli_filter.lua.in")
     SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
         "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list" "VERSION_LINES=$version_lines" \
-        "JOB_CONTAINER=$job_container")
+        "JOB_CONTAINER=$job_container" "SITE_LINES=$site_lines")
     GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
     local disk_lines=""
     for ((i = 1; i <= NODES; i++)); do
@@ -295,6 +314,7 @@ already_up() {
     [[ -f $CGROUP_CONF && $(<"$CGROUP_CONF") == "$CGROUP_CONF_TEXT" ]] || return 1
     [[ -f $JOB_CONTAINER_CONF && $(<"$JOB_CONTAINER_CONF") == "$JOB_CONTAINER_CONF_TEXT" ]] ||
         return 1
+    [[ $(cat "$CLI_FILTER_CONF" 2>/dev/null) == "$CLI_FILTER_TEXT" ]] || return 1
     [[ $(awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{on=1} on{print} $0==e{on=0}' "$HOSTS_FILE") == "$(hosts_block)" ]] ||
         return 1
     local i
@@ -636,6 +656,11 @@ printf '%s\n' "$GRES_CONF_TEXT" >"$GRES_CONF"
 printf '%s\n' "$CGROUP_CONF_TEXT" >"$CGROUP_CONF"
 printf '%s\n' "$JOB_CONTAINER_CONF_TEXT" >"$JOB_CONTAINER_CONF"
 chmod 644 "$SLURM_CONF" "$GRES_CONF" "$CGROUP_CONF" "$JOB_CONTAINER_CONF"
+rm -f "$CLI_FILTER_CONF"
+if [[ -n $CLI_FILTER_TEXT ]]; then
+    printf '%s\n' "$CLI_FILTER_TEXT" >"$CLI_FILTER_CONF"
+    chmod 644 "$CLI_FILTER_CONF"
+fi
 rm -rf "${NODE_DISK_DIR:?}"
 mkdir -p "$NODE_DISK_DIR"
 # One mailbox per user (see cluster/mailprog.sh), which slurmctld runs directly.

@@ -77,6 +77,8 @@ def recorded_daemons():
         (["--nodes", "0"], "--nodes must be between 1 and 200, got 0"),
         (["--gpus"], "unknown option '--gpus'"),
         (["node1"], "unknown option 'node1'"),
+        (["--site", "lenient"], "--site (or COURSE_CLUSTER_SITE) must be one of strict, "
+                                "export-none, shared-tmp, got 'lenient'"),
     ],
 )
 def test_up_rejects_bad_flags_with_the_flag_named(args, message):

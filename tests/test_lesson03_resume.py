@@ -21,7 +21,9 @@ from helpers import run_ranks, start_ranks
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "03_ddp_mnist"
 sys.path.insert(0, str(ROOT))
-from common.mnist import build_model, build_optimizer, parse_log, prepare  # noqa: E402
+from common.mnist import build_model, build_optimizer  # noqa: E402
+from common.mnist_prepare import prepare  # noqa: E402
+from common.notebook import parse_log  # noqa: E402
 
 TIMEOUT = 120
 # 8192 images: 64 steps per epoch on 4 ranks (4 x 32), 66 on 3 (3 x 42, 2731 images each).

@@ -1,0 +1,79 @@
+"""The local cluster playing other sites (cluster/up.sh --site NAME), and the lessons' jobs there.
+
+- ``export-none``: sbatch defaults to --export=NONE (a cli_filter, as sites set it): a job sees
+  nothing of the submitting shell, and SLURM_EXPORT_ENV=NONE, which its srun steps inherit; an
+  explicit --export (here SBATCH_EXPORT=ALL) still wins. Lessons 01 and 03's job scripts run
+  to the end there.
+- ``shared-tmp``: no job_container/tmpfs, so every job sees the same /tmp. Lesson 08's job stages
+  into a folder of its own there and leaves nothing behind.
+
+Each test starts the cluster in its profile under the cluster lock and puts it back in the
+default profile at the end. Marked ``sites``: make test-sites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, cluster_lock, run_up, submit_job
+
+pytestmark = pytest.mark.sites
+
+
+@contextlib.contextmanager
+def site(name):
+    with cluster_lock():
+        run_up("--site", name)
+        try:
+            yield
+        finally:
+            run_up()
+
+
+@pytest.mark.timeout(600)
+def test_export_none_site(cluster, tmp_path):
+    probe = tmp_path / "probe.sh"
+    probe.write_text('#!/bin/bash\necho "COURSE_PROBE=${COURSE_PROBE:-unset} '
+                     'SLURM_EXPORT_ENV=${SLURM_EXPORT_ENV:-unset}"\n')  # fmt: skip
+    env = {"COURSE_PROBE": "from the shell"}
+    with site("export-none"):
+        _, default = submit_job(tmp_path, probe, env=env, timeout=60)
+        _, explicit = submit_job(tmp_path, probe, env={**env, "SBATCH_EXPORT": "ALL"},
+                                 timeout=60)  # fmt: skip
+        status01, out01 = submit_job(tmp_path, ROOT / "lessons/01_hello_allreduce/job.sh",
+                                     timeout=240)  # fmt: skip
+        status03, out03 = submit_job(tmp_path, ROOT / "lessons/03_ddp_mnist/job.sh", "1",
+                                     "--train-subset", "1024", "--test-subset", "256",
+                                     timeout=300)  # fmt: skip
+    assert default.strip() == "COURSE_PROBE=unset SLURM_EXPORT_ENV=NONE", default
+    assert explicit.startswith("COURSE_PROBE=from the shell "), explicit
+    assert status01 == 0 and "all 4 ranks hold the expected sum" in out01, out01
+    assert out01.startswith("note: this job was submitted with --export=NONE"), out01
+    saved = re.search(r"^epochs 1, checkpoint (\S+)$", out03, re.M)
+    if saved:
+        Path(saved[1]).unlink(missing_ok=True)
+    assert status03 == 0 and "world size 4 (2 node(s) x 2)" in out03, out03
+
+
+@pytest.mark.timeout(600)
+def test_shared_tmp_site(cluster, tmp_path):
+    writer = tmp_path / "writer.sh"
+    writer.write_text("#!/bin/bash\necho seen >/tmp/course-site-probe-$SLURM_JOB_ID\n"
+                      "echo $SLURM_JOB_ID\n")  # fmt: skip
+    reader = tmp_path / "reader.sh"
+    with site("shared-tmp"):
+        status, out = submit_job(tmp_path, writer, timeout=60)
+        job = out.strip()
+        reader.write_text(f"#!/bin/bash\ncat /tmp/course-site-probe-{job}\n"
+                          f"rm /tmp/course-site-probe-{job}\n")  # fmt: skip
+        _, seen = submit_job(tmp_path, reader, timeout=60)
+        status08, out08 = submit_job(tmp_path, ROOT / "lessons/08_data_pipeline/job.sh",
+                                     "--max-steps", "8", "--workers", "1", timeout=300)  # fmt: skip
+    assert status == 0 and seen.strip() == "seen", (out, seen)  # one job's /tmp is the next's
+    assert status08 == 0, out08
+    staged = re.search(r"(/tmp/mnist-files-\d+)", out08)
+    assert staged, out08
+    assert not Path(staged[1]).exists(), f"{staged[1]} left behind"
