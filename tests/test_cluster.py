@@ -173,6 +173,7 @@ def test_more_gpus_than_a_node_has_is_refused(srun):
     assert "Requested node configuration is not available" in proc.stderr, proc.stderr
 
 
+@pytest.mark.sites  # how sites' users ask for GPUs; make test-sites (22.05), make test-slurm
 def test_gres_and_gpus_per_node_mix_until_26_05(cluster, cluster_lock):
     """A step that asks for GPUs with --gres inside a job that asked with --gpus-per-node: up to
     25.11 it runs; from 26.05 the two forms are mutually exclusive, between a job and its steps
