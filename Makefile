@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites lint demo bench clean
+.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites test-long lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -22,6 +22,7 @@ help:
 	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 and 26.05"
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
 	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
+	@echo "make test-long     the longest cluster jobs (lesson 05's preemption), outside make test"
 	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, rank 0 elsewhere, GPU binding)"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
@@ -88,9 +89,9 @@ lint: venv system
 # The tests marked lesson09 (lesson 09's tests and notebook) and sites (what sites that
 # differ from the local cluster do to the jobs: --export=NONE, a /tmp shared by every job of
 # a node, rank 0 elsewhere, GPU binding, a resume on fewer GPUs) run in lanes of their own:
-# make test-lesson09, make test-sites.
+# make test-lesson09, make test-sites; and so do the longest jobs (marked long): make test-long.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09 and not sites" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09 and not sites and not long" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
 # (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation
@@ -111,6 +112,9 @@ test-lesson09: venv
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -m lesson09 tests lessons/09_beyond_data_parallel --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The `sites` lane: cluster tests take the cluster lock themselves, one job at a time.
+test-long: venv data container
+	$(VENV)/bin/pytest -m long tests
+
 test-sites: venv data
 	$(VENV)/bin/pytest -m sites tests
 

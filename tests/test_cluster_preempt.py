@@ -7,7 +7,13 @@ import re
 import subprocess
 
 import pytest
-from conftest import job_record, slurm, slurm_version, wait_for, wait_job
+from conftest import (
+    job_record,
+    restarts_after_a_kill_at_the_end_of_grace_time,
+    slurm,
+    wait_for,
+    wait_job,
+)
 
 VICTIM = r"""#!/bin/bash
 #SBATCH --nodes=1 --nodelist=node1 --exclusive --open-mode=append --time=00:10:00
@@ -59,22 +65,6 @@ def short_grace_time(partition, seconds):
         yield
     finally:
         slurm("scontrol", "update", f"PartitionName={partition}", f"GraceTime={before}")
-
-
-def restarts_after_a_kill_at_the_end_of_grace_time() -> int:
-    """How often Slurm requeues a job that was killed at the end of its GraceTime and whose
-    resumed run then exits 0: once up to 23.11; twice from 24.05 on. Since 24.05 (NEWS: "For
-    PreemptMode=CANCEL and PreemptMode=REQUEUE assume that job signalled for GraceTime was
-    preempted", commit a689104d15) a batch job that ends while the GRACE_PREEMPT flag that its
-    grace time's SIGTERM set is still on is requeued (proc_req.c,
-    _slurm_rpc_complete_batch_script). Only a requeue through _job_complete clears that flag;
-    the requeue at the end of the grace time (job_mgr.c, _job_requeue_op) does not, so the
-    resumed run's own end requeues the job once more (slurmctld.log: "_job_complete: requeue
-    JobId=... per user/system request"), and the third run ends it. Slurm 26.05 is back to
-    once, measured on the local cluster (26.05.5: slurmctld.log has no requeue for the resumed
-    run's end; its preemption requeues through job_requeue_internal, SchedMD commit 0f7d732cd0,
-    while proc_req.c keeps the condition above). The versions the local cluster runs:"""
-    return {(22, 5): 1, (24, 11): 2, (26, 5): 1}[slurm_version()]
 
 
 @pytest.mark.timeout(420)

@@ -21,7 +21,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_record, slurm, slurm_version, wait_for, wait_job
+from conftest import (
+    job_record,
+    restarts_after_a_kill_at_the_end_of_grace_time,
+    slurm,
+    wait_for,
+    wait_job,
+)
 from helpers import run_ranks, start_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,6 +183,7 @@ def release_after_requeue(job_id, restarts):
 SMALL = ["--train-subset", "14000", "--test-subset", "2000", "--log-every", "20"]
 
 
+@pytest.mark.long  # about 70 s of grace times and requeues: make test-long
 @pytest.mark.timeout(420)
 def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
     out, ckpt = tmp_path / "job.out", tmp_path / "ckpt.pt"
@@ -202,10 +209,11 @@ def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
                            LESSON / "preempt.sh")  # fmt: skip
             assert wait_job(urgent, timeout=120)[:2] == ("COMPLETED", 0)
             release_after_requeue(job, 2)
-            # From 24.05 on, the end of the resumed run requeues the job once more: the flag
-            # that preemption's SIGTERM set is still on (tests/test_cluster_preempt.py,
-            # restarts_after_a_kill_at_the_end_of_grace_time); the last run has nothing to do.
-            restarts = 2 if slurm_version() < (24, 5) else 3
+            # On 24.11 the end of the resumed run requeues the job once more: the flag that
+            # preemption's SIGTERM set is still on (tests/test_cluster_preempt.py,
+            # restarts_after_a_kill_at_the_end_of_grace_time; 22.05 and 26.05 do not); the
+            # last run has nothing to do.
+            restarts = 1 + restarts_after_a_kill_at_the_end_of_grace_time()
             if restarts == 3:
                 release_after_requeue(job, 3)
             state, code, record = wait_job(job, timeout=180)
