@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,6 +41,21 @@ def start_ranks(nprocs: int, args: list[str], stdout=subprocess.PIPE, stderr=sub
                          env=clean_environ(RANK=str(r), LOCAL_RANK=str(r), **world, **extra))
         for r in range(nprocs)
     ]  # fmt: skip
+
+
+def kill_once_written(ranks, path: Path, log: Path, timeout: float) -> None:
+    """Wait until PATH exists, every rank still running, then SIGKILL the ranks: a job killed
+    with no goodbye right after it wrote its checkpoint. Fails with the ranks' LOG otherwise."""
+    try:
+        deadline = time.monotonic() + timeout
+        while not path.exists():
+            assert all(r.poll() is None for r in ranks), log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.02)
+    finally:
+        for r in ranks:
+            r.kill()
+            r.wait(timeout=30)
 
 
 def run_ranks(nprocs: int, args: list[str], timeout: float, **extra: str):

@@ -13,13 +13,12 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import submit_job
-from helpers import clean_environ, run_ranks, start_ranks
+from helpers import clean_environ, kill_once_written, run_ranks, start_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "03_ddp_mnist"
@@ -100,16 +99,7 @@ def test_killed_after_first_checkpoint_resumes_at_the_epoch_boundary(tmp_path):
     with open(log, "w") as out:
         ranks = start_ranks(2, command(*RESUME, "--checkpoint", str(part)), stdout=out,
                             stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            deadline = time.monotonic() + TIMEOUT
-            while not part.exists():
-                assert all(r.poll() is None for r in ranks), log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.02)
-        finally:
-            for r in ranks:
-                r.kill()
-                r.wait(timeout=30)
+        kill_once_written(ranks, part, log, TIMEOUT)
     assert load(part)["epoch"] == 1, log.read_text()
 
     resumed = run_train(2, *RESUME, "--checkpoint", str(part))

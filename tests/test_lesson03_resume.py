@@ -11,12 +11,11 @@ them), each with a timeout.
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import run_ranks, start_ranks
+from helpers import kill_once_written, run_ranks, start_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "03_ddp_mnist"
@@ -48,16 +47,7 @@ def killed_after_first_epoch(nprocs, ckpt, log):
     with open(log, "w") as out:
         ranks = start_ranks(nprocs, command(*ARGS, "--checkpoint", str(ckpt)), stdout=out,
                             stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            deadline = time.monotonic() + TIMEOUT
-            while not ckpt.exists():
-                assert all(r.poll() is None for r in ranks), log.read_text()
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.02)
-        finally:
-            for r in ranks:
-                r.kill()
-                r.wait(timeout=30)
+        kill_once_written(ranks, ckpt, log, TIMEOUT)
     state = load(ckpt)
     assert state["epoch"] == 1, log.read_text()
     return state
