@@ -7,7 +7,7 @@ that all replicas take the same step. Rank 0 alone prints and writes the checkpo
 
 To carry it into your project: this file and the three files of common/ it imports, env.py
 (who am I in the job), mnist.py (the data, the model, the evaluation) and checkpoint.py.
-Without SLURM, on one machine (CPU, gloo), from the course root with PYTHONPATH=.:
+Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
     python lessons/03_ddp_mnist/train.py --epochs 1 --train-subset 2048
     torchrun --standalone --nproc-per-node 2 lessons/03_ddp_mnist/train.py --epochs 1
 """

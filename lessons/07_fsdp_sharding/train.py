@@ -9,7 +9,7 @@ gradients right after its backward. Checkpoints are written by torch.distributed
 4 ranks loads into 2 (or 1, or 3): the job can come back at another size.
 
 `--wrap ddp` runs the same loop under DistributedDataParallel, to compare. Without SLURM, on
-one machine (CPU, gloo), from the course root with PYTHONPATH=.:
+one machine (CPU, gloo), from the course root with the venv active:
     torchrun --standalone --nproc-per-node 2 lessons/07_fsdp_sharding/train.py --epochs 1 \
         --train-subset 4096 --checkpoint-dir checkpoints/fsdp-demo
     python lessons/07_fsdp_sharding/train.py --epochs 1 --checkpoint-dir checkpoints/fsdp-demo

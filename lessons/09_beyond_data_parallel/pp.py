@@ -8,7 +8,7 @@ The price is the bubble: while the first microbatch travels down the pipeline (a
 gradient back up) the other stages wait. With p stages and m microbatches each rank is idle
 for about (p-1)/(m+p-1) of the step; this script measures it for several m.
 
-Without SLURM, on one machine (CPU, gloo), from the course root with PYTHONPATH=.:
+Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
     torchrun --standalone --nproc-per-node 2 lessons/09_beyond_data_parallel/pp.py
 """
 
@@ -33,7 +33,7 @@ from torch.distributed.pipelining import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinylm import TinyLM, batch, corpus, loss_fn  # noqa: E402
 
-from common.env import LaunchError, dist_timeout, resolve_launch_env  # noqa: E402
+from common.env import LaunchError, cuda_device_index, dist_timeout, resolve_launch_env  # noqa: E402
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -225,7 +225,7 @@ def main(argv=None) -> int:
             print(f"error: {why}", file=sys.stderr, flush=True)
         return 2
     if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank)
+        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
         torch.cuda.set_device(device)  # before the group: NCCL's sends use this GPU
     else:
         device = torch.device("cpu")

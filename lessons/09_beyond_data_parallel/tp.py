@@ -6,7 +6,7 @@ between them (each holds a slice of every weight, and they exchange activations 
 block), the `dp` rows each see their own data and shard the already-split weights once more
 with FSDP2. `--tp` = the world size (the default on one node) is plain tensor parallelism.
 
-Without SLURM, on one machine (CPU, gloo), from the course root with PYTHONPATH=.:
+Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
     torchrun --standalone --nproc-per-node 2 lessons/09_beyond_data_parallel/tp.py --steps 20
 """
 
@@ -37,7 +37,7 @@ from torch.distributed.tensor.parallel import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinylm import TinyLM, batch, corpus, loss_fn  # noqa: E402
 
-from common.env import LaunchError, dist_timeout, resolve_launch_env  # noqa: E402
+from common.env import LaunchError, cuda_device_index, dist_timeout, resolve_launch_env  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -282,7 +282,7 @@ def main(argv=None) -> int:
             print(f"error: {why}", file=sys.stderr, flush=True)
         return 2
     if torch.cuda.is_available():
-        device = torch.device("cuda", env.local_rank)
+        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
         torch.cuda.set_device(device)  # before the group: NCCL and DTensor use this GPU
     else:
         device = torch.device("cpu")
