@@ -468,8 +468,13 @@ def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 150
         job = proc.stdout.strip().split(";")[0]
         try:
             _, status, _ = wait_job(job, timeout=timeout)
+        except (TimeoutError, RuntimeError) as exc:
+            report = _stuck_report(job, Path(str(out).replace("%j", job)))
+            _cancel(job)
+            pytest.fail(f"{exc} ({script} {shlex.join(map(str, job_args))}); cancelled.\n{report}",
+                        pytrace=False)  # fmt: skip
         finally:
-            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+            _cancel(job)
     log = Path(str(out).replace("%j", job))
     return status, log.read_text() if log.exists() else ""
 
@@ -478,6 +483,20 @@ def _scontrol_stdout(job_id: str) -> Path | None:
     """The output file SLURM resolved for the job (its record stays MinJobAge after it ends)."""
     record = job_record(job_id)
     return Path(record["StdOut"]) if record and record.get("StdOut") else None
+
+
+def _stuck_report(job_id: str, output: Path | None) -> str:
+    """What a job that did not end in time was doing: its steps, the processes of its steps on
+    this machine, its output so far and the cluster's log tails (what CI shows of a hang)."""
+    steps = subprocess.run(["squeue", "--steps", "--jobs", job_id, "--format=%i %j %M %N"],
+                           capture_output=True, text=True, timeout=30)  # fmt: skip
+    procs = subprocess.run(["ps", "-eo", "pid,ppid,etime,stat,args"], capture_output=True,
+                           text=True, timeout=30).stdout.splitlines()  # fmt: skip
+    mine = [line for line in procs if f"[{job_id}." in line or f"job {job_id}" in line
+            or any(word in line for word in ("srun ", "sleep infinity", "train.py", "sbcast"))]
+    text = output.read_text(errors="replace") if output and output.exists() else ""
+    return (f"steps:\n{steps.stdout}{steps.stderr}\nprocesses:\n" + "\n".join(mine[:40])
+            + f"\noutput so far ({output}):\n{text[-4000:]}\n{_log_tail(15)}")
 
 
 def _cancel(job_id: str | None) -> None:
@@ -522,14 +541,9 @@ def sbatch_wait(cluster, tmp_path):
             try:
                 state, returncode, record = wait_job(job_id, timeout)
             except (TimeoutError, RuntimeError) as exc:
-                path = _scontrol_stdout(job_id)
+                report = _stuck_report(job_id, _scontrol_stdout(job_id))
                 _cancel(job_id)
-                text = path.read_text(errors="replace") if path and path.exists() else ""
-                pytest.fail(
-                    f"{exc} ({shlex.join(cmd)}); cancelled.\n"
-                    f"output so far ({path}):\n{text[-4000:]}",
-                    pytrace=False,
-                )
+                pytest.fail(f"{exc} ({shlex.join(cmd)}); cancelled.\n{report}", pytrace=False)
         path = Path(record["StdOut"]) if record.get("StdOut") else None
         given = _given_output(args) or (extra[0].split("=", 1)[1] if extra else None)
         if path is None and given:

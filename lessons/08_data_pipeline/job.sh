@@ -53,5 +53,7 @@ fi
 # same). 23.11 replaced it with SLURM_CPUS_PER_TASK (NEWS of 23.11.0rc1, src/srun/opt.c), which
 # the job already has: from 23.11 srun ignores this export and takes -c from the job instead.
 export SRUN_CPUS_PER_TASK=$SLURM_CPUS_PER_TASK
-srun python "$LESSON/train.py" --data-dir "$DATA" --form "$FORM" "$@"
+# --kill-on-bad-exit=1: a rank that fails ends the step at once, instead of leaving the others
+# to wait for it until the collective timeout (lesson 06 shows both).
+srun --kill-on-bad-exit=1 python "$LESSON/train.py" --data-dir "$DATA" --form "$FORM" "$@"
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"

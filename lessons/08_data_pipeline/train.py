@@ -80,7 +80,16 @@ def make_loader(dataset, sampler, batch: int, workers: int, args, device, rank: 
         # ranks, which all ran torch.manual_seed(seed), augment their images identically.
         worker_init_fn=seed_worker,
         generator=torch.Generator().manual_seed(args.seed * 1000 + rank),
+        # A worker stuck for good (a read from a hung filesystem) would hold this rank, and the
+        # job, forever: the other ranks give up at the collective timeout and exit, this one
+        # waits for its batch. With a timeout it raises too (0: wait forever, the default).
+        timeout=loader_timeout(workers),
     )
+
+
+def loader_timeout(workers: int) -> float:
+    """Seconds a rank waits for one batch from its workers: the collectives' own timeout."""
+    return dist_timeout().total_seconds() if workers > 0 else 0
 
 
 def evaluate_exact(model, dataset, env, device, workers: int) -> tuple[float, float, int]:
@@ -94,7 +103,8 @@ def evaluate_exact(model, dataset, env, device, workers: int) -> tuple[float, fl
     for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
     shard = Subset(dataset, range(env.rank, len(dataset), env.world_size))
-    loader = DataLoader(shard, batch_size=500, num_workers=min(workers, 2))
+    loader = DataLoader(shard, batch_size=500, num_workers=min(workers, 2),
+                        timeout=loader_timeout(min(workers, 2)))
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss sum, correct, count
     with torch.no_grad():
