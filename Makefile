@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites test-long lint demo bench clean
+.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites test-long test-scale lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -23,6 +23,7 @@ help:
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
 	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
 	@echo "make test-long     the longest cluster jobs (lesson 05's preemption), outside make test"
+	@echo "make test-scale    34 and 64 ranks: the preflight, lessons 01 and 03 on 17 and 32 nodes"
 	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, rank 0 elsewhere, GPU binding)"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
@@ -91,7 +92,7 @@ lint: venv system
 # a node, rank 0 elsewhere, GPU binding, a resume on fewer GPUs) run in lanes of their own:
 # make test-lesson09, make test-sites; and so do the longest jobs (marked long): make test-long.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09 and not sites and not long" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09 and not sites and not long and not scale" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
 # (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation
@@ -117,6 +118,11 @@ test-long: venv data container
 
 test-sites: venv data
 	$(VENV)/bin/pytest -m sites tests
+
+# Real job sizes (tests/test_scale.py): the cluster restarted with 32 nodes; the preflight,
+# lessons 01 and 03 at 34 and 64 ranks.
+test-scale: venv data
+	$(VENV)/bin/pytest -m scale tests
 
 demo: venv data cluster-up
 	@mkdir -p runs

@@ -153,6 +153,10 @@ def pytest_configure(config):
         "time, requeues); a lane of its own (make test-long), left out of make test",
     )
     config.addinivalue_line(
+        "markers", "scale: real job sizes, 34 and 64 ranks on 17 and 32 nodes; a lane of its "
+        "own (make test-scale), left out of make test",
+    )
+    config.addinivalue_line(
         "markers", "sites: what other sites do to the jobs (--export=NONE, a shared /tmp, rank 0 "
         "elsewhere, GPU binding, a resume on fewer GPUs); a lane of its own (make test-sites), "
         "left out of make test",
@@ -455,15 +459,16 @@ def wait_for(what: str, predicate, timeout: float, poll: float = 0.3):
     pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
 
 
-def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 150):
-    """Under the cluster lock: sbatch SCRIPT JOB_ARGS (the fixture sbatch_wait passes no
-    arguments to the script), wait for the end polling faster than sbatch --wait, cancel what
-    is left; returns (exit status, output)."""
+def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 150,
+               sbatch_args=()):  # fmt: skip
+    """Under the cluster lock: sbatch SBATCH_ARGS SCRIPT JOB_ARGS (the fixture sbatch_wait
+    passes no arguments to the script), wait for the end polling faster than sbatch --wait,
+    cancel what is left; returns (exit status, output)."""
     out = tmp_path / "job-%j.out"
     with cluster_lock():
-        proc = subprocess.run(["sbatch", "--parsable", f"--output={out}", str(script),
-                               *map(str, job_args)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=60, env=job_environ(env))  # fmt: skip
+        proc = subprocess.run(["sbatch", "--parsable", f"--output={out}", *sbatch_args,
+                               str(script), *map(str, job_args)], cwd=ROOT, capture_output=True,
+                              text=True, timeout=60, env=job_environ(env))  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         job = proc.stdout.strip().split(";")[0]
         try:
