@@ -611,11 +611,31 @@ check_network() {
 }
 check_network
 
+# The kernel keeps one ARP table for all network namespaces (arp_tbl; its limits are the
+# net.ipv4.neigh.default.gc_thresh* sysctls of this machine's namespace, 128/512/1024 by
+# default). Every node of a job that talks to every other one, as a 64-rank gloo group does,
+# puts an entry per peer in its namespace: about (nodes + 1) x nodes in all, 1,056 at 32 nodes.
+# Past gc_thresh3 the kernel logs "neighbor table overflow!", new peers go unresolved, and
+# connections fail with "No route to host" or time out (srun loses its tasks' exit messages
+# and waits for ever). Raise the limits to fit this cluster; never lower them.
+grow_neighbour_table() {
+    local need=$(((NODES + 1) * (NODES + 1) * 2)) level key current want
+    for level in 1 2 3; do
+        key=/proc/sys/net/ipv4/neigh/default/gc_thresh$level
+        [[ -w $key ]] || continue
+        current=$(<"$key")
+        want=$((need * level / 3))
+        ((current < want)) && echo "$want" >"$key"
+    done
+    return 0
+}
+
 # A bridge in this machine's namespace (the controller's address) and, for every node, a
 # network namespace with its own loopback and an eth0 on the bridge. Nothing outside this
 # private network is routed to or from it.
 start_network() {
     local i ns
+    grow_neighbour_table
     ip link add "$BRIDGE" type bridge
     ip addr add "$CTL_ADDR/24" dev "$BRIDGE"
     ip link set "$BRIDGE" up

@@ -90,6 +90,10 @@ EVERY_SLURM = (
 )
 
 
+# The lessons' own job scripts (lessons 01 to 08; lesson 00's tests check what differs between
+# versions): make test-slurm runs them on the newest version only, the rest on every version.
+LESSON_JOBS = tuple(f"tests/test_lesson0{n}" for n in range(1, 9))
+
 _slurm_version: tuple[int, int] | None = None
 
 
@@ -141,6 +145,10 @@ def pytest_configure(config):
         "markers", "every_slurm: also run on the second Slurm version (make test-slurm, CI)",
     )
     config.addinivalue_line(
+        "markers", "lesson_job: a lesson's job script among the every_slurm tests (make "
+        "test-slurm runs these on the newest version of its lane only)",
+    )
+    config.addinivalue_line(
         "markers", "cluster: needs the local SLURM cluster (cluster/up.sh); runs after the rest "
         "(under --dist loadgroup: in a lane of its own)",
     )
@@ -185,6 +193,8 @@ def pytest_collection_modifyitems(session, config, items):
             item.add_marker(pytest.mark.cluster)
             if item.nodeid.startswith(EVERY_SLURM):
                 item.add_marker(pytest.mark.every_slurm)
+                if item.nodeid.startswith(LESSON_JOBS):
+                    item.add_marker(pytest.mark.lesson_job)
         if lanes:
             group = CLUSTER_GROUP if needs else item.nodeid.split("::", 1)[0]  # the file
             item.add_marker(pytest.mark.xdist_group(group))
