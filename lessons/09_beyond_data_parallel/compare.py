@@ -140,13 +140,15 @@ class CommBytes(TorchDispatchMode):
 
     def price(self, name: str, args) -> None:
         # The group: a ProcessGroup (c10d ops) or its name (functional collectives).
-        group_arg = group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
-        if group is not None:
+        group = next((a for a in args if isinstance(a, torch.ScriptObject)), None)
+        functional = group is None
+        if not functional:
             group = dist.ProcessGroup.unbox(group)
         else:
             named = [a for a in args if isinstance(a, str)]
             if not named:
                 return  # not a collective (wait_tensor)
+            # (the group's name is its last string argument; the reduce op, if any, comes first)
             group = dist.distributed_c10d._resolve_process_group(named[-1])
         self.ops[name] += 1
         ranks = dist.get_process_group_ranks(group)
@@ -154,7 +156,7 @@ class CommBytes(TorchDispatchMode):
         # The full tensor: c10d ops take (output, input) and functional ones (input, ...); an
         # all-gather's output and a reduce-scatter's input are the full one, the larger.
         full = max(nbytes(args[0]), nbytes(args[1]))
-        if "gather" in name and not isinstance(group_arg, torch.ScriptObject):
+        if "gather" in name and functional:
             full = nbytes(args[0]) * n  # a functional all-gather's input: this rank's piece
         if name in ("send", "recv_"):
             peer = dist.get_global_rank(group, args[2])
