@@ -4,8 +4,9 @@ run in a lane of their own (make test-lesson09), outside `make test`.
 CPU (gloo, real processes as srun starts them, every collective under a 30 s timeout): the
 tensor-parallel model (with and without sequence parallelism) gives the unsplit model's loss,
 logits and gradients, and so do GPipe and 1F1B over 2 stages; bad shapes are refused in one
-line each, before any process group. Cluster: tp.sh, pp.sh and 2d.sh run (short) on the local
-cluster; 2d.sh with a tp group across the nodes is refused. The stored sample outputs are the
+line each, before any process group. Cluster: tp.sh, pp.sh, 2d.sh and compare.sh run (short) on
+the local cluster; 2d.sh with a tp group across the nodes is refused; compare.sh's table (and
+the stored one) holds what must hold whatever the timings. The stored sample outputs are the
 ones the README quotes.
 """
 
@@ -57,6 +58,10 @@ BAD = [
      "--layers 4 or more, or run on fewer ranks"),
     ("pp.py", "--microbatches 1,4", "error: --microbatches 1 is fewer than the 2 pipeline ranks: "
      "some stages would never have work; pass --microbatches 2 or more"),
+    ("compare.py", "--forms ddp,zero", "error: --forms zero is not one of ddp, fsdp2, tp, pp, 2d: "
+     "pass e.g. --forms ddp,tp"),
+    ("compare.py", "--heads 3", "error: --heads 3 is not a multiple of 2: the tp form splits it "
+     "over 2 ranks; pass a multiple of 2"),
 ]  # fmt: skip
 
 
@@ -137,9 +142,53 @@ def test_2d_job_and_a_tp_group_across_nodes(sbatch_wait, tmp_path):
     assert "Traceback" not in refused.output
 
 
+FORMS = ["ddp", "fsdp2", "tp", "pp", "2d"]
+COMPARE_ROW = re.compile(r"^(ddp|fsdp2|tp|pp|2d) +.+? +([\d.]+) +([\d.]+) +([\d.]+) +([\d.]+) "
+                         r"+([\d.]+) +([\d.]+) +([\d.]+)$", re.M)  # fmt: skip
+
+
+def check_compare(text: str) -> None:
+    """What must hold in compare.py's table whatever the timings: every form, DDP holding the
+    most per rank, every form sending something, gloo's reduce-scatters costing an all-reduce,
+    2D keeping TP's traffic inside the nodes, and the same loss in every form (same weights,
+    same batches: only the order of the float sums differs)."""
+    rows = {m[1]: dict(zip(("memory", "sent", "gloo", "across", "step", "loss1", "loss_last"),
+                           map(float, m.groups()[1:]), strict=True))
+            for m in COMPARE_ROW.finditer(text)}  # fmt: skip
+    assert list(rows) == FORMS, text
+    ddp = rows["ddp"]
+    for form in ("fsdp2", "tp", "pp", "2d"):  # each shards or splits the model 4 ways
+        assert rows[form]["memory"] < ddp["memory"] / 2, (form, text)
+    for form, row in rows.items():
+        assert 0 < row["sent"] <= row["gloo"], (form, text)
+        assert 0 <= row["across"] <= row["sent"], (form, text)
+        assert row["step"] > 0, (form, text)
+        assert row["loss1"] == pytest.approx(ddp["loss1"], abs=2e-3), (form, text)
+        assert row["loss_last"] == pytest.approx(ddp["loss_last"], abs=2e-2), (form, text)
+    assert ddp["gloo"] == ddp["sent"]  # all-reduces only
+    assert rows["fsdp2"]["gloo"] > rows["fsdp2"]["sent"]  # its gradients are reduce-scattered
+    assert rows["2d"]["across"] < rows["tp"]["across"]  # TP's exchanges stay in the node
+    assert rows["pp"]["across"] < rows["pp"]["sent"]  # only one cut of 3 crosses the nodes
+    assert 4 < ddp["loss1"] < 5.5, text  # about ln 128 = 4.85 before any update
+
+
+def test_compare_job(sbatch_wait, tmp_path):
+    result = sbatch_wait(LESSON / "compare.sh", f"--output={tmp_path}/compare-%j.out",
+                         env={"STEPS": "2"}, timeout=240)  # fmt: skip
+    assert result.returncode == 0, result.output
+    assert "4 ranks on 2 node(s), backend gloo" in result.output, result.output
+    check_compare(result.output)
+
+
+def test_stored_compare_table():
+    (sample,) = [p for p in LESSON.glob("compare-*.out") if re.fullmatch(r"compare-\d+\.out",
+                                                                          p.name)]  # fmt: skip
+    check_compare(sample.read_text())
+
+
 # --------------------------------------------------------------------------- stored outputs
 
-SAMPLE = re.compile(r"`((?:tp|pp|2d)-\d+\.out)`")
+SAMPLE = re.compile(r"`((?:tp|pp|2d|compare)-\d+\.out)`")
 BLOCK = re.compile(r"^```text\n(.*?)^```", re.S | re.M)
 
 
@@ -155,7 +204,7 @@ def test_readme_quotes_the_stored_outputs():
         text = (LESSON / named[-1]).read_text()
         for line in block.group(1).splitlines():
             assert line in text, f"README quotes {line!r}, not in {named[-1]}"
-    for name in ("tp", "pp", "2d"):
+    for name in ("tp", "pp", "2d", "compare"):
         samples = [p for p in LESSON.glob(f"{name}-*.out") if re.fullmatch(rf"{name}-\d+\.out",
                                                                            p.name)]  # fmt: skip
         assert len(samples) == 1, f"expected one {name}-<jobid>.out in {LESSON}, found {samples}"

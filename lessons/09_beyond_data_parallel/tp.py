@@ -1,6 +1,6 @@
 """Lesson 09: tensor parallelism (Megatron-style) and 2D parallelism (TP x FSDP2) on a DeviceMesh.
 
-Every process of the job runs this file (srun starts one per task, see tp.sh and job2d.sh). The
+Every process of the job runs this file (srun starts one per task, see tp.sh and 2d.sh). The
 ranks form a 2-D mesh (dp, tp): the `tp` ranks of one row split every layer of the model
 between them (each holds a slice of every weight, and they exchange activations inside each
 block), the `dp` rows each see their own data and shard the already-split weights once more
@@ -202,6 +202,23 @@ def count_comms(model, optimizer, x, y, tp: int) -> None:
            f"{fmt(comm.get_comm_counts())}")  # fmt: skip
 
 
+def shard_2d(model: TinyLM, mesh, sequence_parallel: bool) -> TinyLM:
+    """TP over mesh["tp"], then, with more than one dp row, FSDP2 over mesh["dp"] (compare.py
+    builds its 2D form with this too)."""
+    tp_plan(model, mesh["tp"], sequence_parallel)
+    if mesh["dp"].size() > 1:
+        # FSDP2 across the dp dimension only: its all-gathers and reduce-scatters run once per
+        # block and step, across nodes; the TP collectives, many per block, stay inside a node.
+        # (fully_shard(..., mesh=mesh), the whole 2-D mesh, would be HSDP instead: replicate
+        # over dim 0, shard over dim 1, which is where TP already lives.)
+        for block in model.layers.values():
+            fully_shard(block, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+        # FSDP2 warns that the root returns a view (the logits): nothing changes it in place.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+    return model
+
+
 def train(args, env, device) -> int:
     world = env.world_size
     dp = world // args.tp
@@ -217,17 +234,7 @@ def train(args, env, device) -> int:
 
     torch.manual_seed(0)  # the same initial weights on every rank, before they are split
     model = TinyLM(args.dim, args.heads, args.hidden, args.layers, args.seq_len).to(device)
-    tp_plan(model, mesh["tp"], args.sequence_parallel)
-    if dp > 1:
-        # FSDP2 across the dp dimension only: its all-gathers and reduce-scatters run once per
-        # block and step, across nodes; the TP collectives, many per block, stay inside a node.
-        # (fully_shard(..., mesh=mesh), the whole 2-D mesh, would be HSDP instead: replicate
-        # over dim 0, shard over dim 1, which is where TP already lives.)
-        for block in model.layers.values():
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
-        # FSDP2 warns that the root returns a view (the logits): nothing changes it in place.
-        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
+    shard_2d(model, mesh, args.sequence_parallel)
     show_placements(model, mesh)
     params = sum(p.numel() for p in model.parameters())
     held = sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters())
