@@ -479,6 +479,8 @@ def _join(a: str, b: str) -> str:
     return posixpath.normpath(posixpath.join(a, b)).lstrip("/") if a else b.lstrip("/")
 
 
+# Functions of the tests that submit a script without "sbatch" in their arguments.
+SUBMITTERS = {"sbatch_wait", "submit_job", "submit_as_student", "sbatch"}
 SBATCH_AFTER = {"sbatch_wait"}  # the fixture: sbatch options after the script, script_args=
 
 
@@ -496,45 +498,55 @@ def submissions() -> tuple[tuple[str, Job], ...]:
     """(test id, Job) for every submission of a lesson script found in tests/test_*.py."""
     found = set()
     for path in sorted((ROOT / "tests").glob("test_*.py")):
-        if path.name == Path(__file__).name:
-            continue
-        tree = ast.parse(path.read_text())
-        resolver = _Resolver(tree)
-        functions: dict[ast.AST, dict] = {}
-        for func, node in _calls(tree):
-            if func not in functions:
-                functions[func] = resolver.function(func)
-            names = functions[func]
-            elts = node.args if isinstance(node, ast.Call) else node.elts
-            kind = getattr(getattr(node, "func", None), "id", None) or getattr(
-                getattr(node, "func", None), "attr", None)
-            if not any(_maybe_script(e) for e in elts):
-                continue
-            keywords = {k.arg: k.value for k in getattr(node, "keywords", [])}
-            for words in itertools.islice(resolver.sequences(elts, names), 64):
-                script = next((i for i, w in enumerate(words) if _is_script(w)), None)
-                if script is None:
-                    continue
-                before, after = words[:script], words[script + 1:]
-                if kind in SBATCH_AFTER:
-                    options = [*before, *after]
-                    args_node = keywords.get("script_args")
-                    args_options = (resolver.values(args_node, names) if args_node is not None
-                                    else [[]])
-                else:
-                    options, args_options = before, [after]
-                options = [o for o in options if o.startswith("-")]
-                env_node = keywords.get("env")
-                envs = resolver.values(env_node, names) if env_node is not None else [{}]
-                for args, env in itertools.product(args_options, envs):
-                    if not isinstance(args, list):
-                        continue
-                    env = env if isinstance(env, dict) else {}
-                    job = Job(_significant(options), words[script], tuple(args),
-                              tuple(sorted((k, v) for k, v in env.items()
-                                           if isinstance(v, str) and UNKNOWN not in k + v)))
-                    found.add((f"tests/{path.name}::{func.name}", job))
+        if path.name != Path(__file__).name:
+            found |= submissions_in(f"tests/{path.name}", path.read_text())
     return tuple(sorted(found, key=str))
+
+
+def submissions_in(label: str, source: str) -> set[tuple[str, Job]]:
+    """(LABEL::function, Job) for the submissions of a lesson script in one test file."""
+    found = set()
+    tree = ast.parse(source)
+    resolver = _Resolver(tree)
+    functions: dict[ast.AST, dict] = {}
+    for func, node in _calls(tree):
+        if func not in functions:
+            functions[func] = resolver.function(func)
+        names = functions[func]
+        elts = node.args if isinstance(node, ast.Call) else node.elts
+        kind = getattr(getattr(node, "func", None), "id", None) or getattr(
+            getattr(node, "func", None), "attr", None)
+        if not any(_maybe_script(e) for e in elts):
+            continue
+        keywords = {k.arg: k.value for k in getattr(node, "keywords", [])}
+        for words in itertools.islice(resolver.sequences(elts, names), 64):
+            script = next((i for i, w in enumerate(words) if _is_script(w)), None)
+            if script is None:
+                continue
+            before, after = words[:script], words[script + 1:]
+            if "sbatch" in before:  # slurm("sbatch", ...), ["sbatch", ...]
+                before = before[before.index("sbatch") + 1:]
+            elif kind not in SUBMITTERS:  # a path handed to anything else: no submission
+                continue
+            if kind in SBATCH_AFTER:
+                options = [*before, *after]
+                args_node = keywords.get("script_args")
+                args_options = (resolver.values(args_node, names) if args_node is not None
+                                else [[]])
+            else:
+                options, args_options = before, [after]
+            options = [o for o in options if o.startswith("-")]
+            env_node = keywords.get("env")
+            envs = resolver.values(env_node, names) if env_node is not None else [{}]
+            for args, env in itertools.product(args_options, envs):
+                if not isinstance(args, list):
+                    continue
+                env = env if isinstance(env, dict) else {}
+                job = Job(_significant(options), words[script], tuple(args),
+                          tuple(sorted((k, v) for k, v in env.items()
+                                       if isinstance(v, str) and UNKNOWN not in k + v)))
+                found.add((f"{label}::{func.name}", job))
+    return found
 
 
 def _maybe_script(node) -> bool:
@@ -617,6 +629,42 @@ def test_collection_reads_the_conventions():
         Command("R", 10, "for i in 1 2; do\necho $i\ndone"),
         Command("R", 13, "echo 'a # b'", INSIDE_JOB), Command("R", 16, "srun hostname"),
     ]
+
+
+def test_submissions_are_read_from_the_tests_source():
+    source = '''
+LESSON = ROOT / "lessons" / "03_ddp_mnist"
+SMALL = ["--train-subset", "8000"]
+JOBS = {"job.sh": 1, "job_task_per_gpu.sh": 2}
+
+@pytest.mark.parametrize("script", sorted(JOBS))
+def test_each(sbatch_wait, script, tmp_path):
+    sbatch_wait(f"lessons/01_hello_allreduce/{script}", f"--output={tmp_path}/x.out")
+
+def test_args(tmp_path):
+    submit_job(tmp_path, LESSON / "job.sh", "1", *SMALL, env={"CHECKPOINT": "c.pt"})
+    sbatch_wait(str(LESSON / "job.sh"), "--nodes=1", script_args=("2",), env=job_env(EPOCHS="3"))
+    subprocess.run(["sbatch", "--parsable", "--chdir", "lessons/02_launch_vs_srun/job.sh"])
+    subprocess.run(["bash", str(LESSON / "job.sh")])
+
+def helper(*args):
+    slurm("sbatch", *args)
+'''
+    found = submissions_in("t.py", source)
+    l01, l03 = "lessons/01_hello_allreduce", "lessons/03_ddp_mnist/job.sh"
+    assert found == {
+        ("t.py::test_each", Job((), f"{l01}/job.sh", ())),
+        ("t.py::test_each", Job((), f"{l01}/job_task_per_gpu.sh", ())),
+        ("t.py::test_args",
+         Job((), l03, ("1", "--train-subset", "8000"), (("CHECKPOINT", "c.pt"),))),
+        ("t.py::test_args", Job(("--nodes=1",), l03, ("2",), (("EPOCHS", "3"),))),
+        ("t.py::test_args", Job(("--chdir",), "lessons/02_launch_vs_srun/job.sh", ())),
+    }, sorted(map(str, found))
+    # The same script with other arguments, options or variables is another command.
+    readme = job_of("sbatch lessons/03_ddp_mnist/job.sh 1")
+    assert readme not in {job for _, job in found}
+    assert job_of("EPOCHS=3 sbatch --nodes=1 lessons/03_ddp_mnist/job.sh 2") in {
+        job for _, job in found}
 
 
 def test_tables_name_readme_commands_only():
