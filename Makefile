@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites test-long test-scale lint demo bench clean
+.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites test-long test-scale test-readme lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -23,7 +23,8 @@ help:
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
 	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
 	@echo "make test-long     the longest cluster jobs (lesson 05's preemption), outside make test"
-	@echo "make test-scale    34 and 64 ranks: the preflight, lessons 01 and 03 on 17 and 32 nodes"
+	@echo "make test-scale    real job sizes: the preflight at 34 and 64 ranks, lessons 01 and 03 at 34"
+	@echo "make test-readme   the READMEs' quick commands, run as written (outside make test)"
 	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, rank 0 elsewhere, GPU binding)"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
@@ -90,9 +91,10 @@ lint: venv system
 # The tests marked lesson09 (lesson 09's tests and notebook) and sites (what sites that
 # differ from the local cluster do to the jobs: --export=NONE, a /tmp shared by every job of
 # a node, rank 0 elsewhere, GPU binding, a resume on fewer GPUs) run in lanes of their own:
-# make test-lesson09, make test-sites; and so do the longest jobs (marked long): make test-long.
+# make test-lesson09, make test-sites; and so do the longest jobs (marked long): make test-long,
+# and the READMEs' commands run as written (marked readme): make test-readme.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09 and not sites and not long and not scale" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
 # (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation
@@ -124,9 +126,14 @@ test-sites: venv data
 	$(VENV)/bin/pytest -m sites tests
 
 # Real job sizes (tests/test_scale.py): the cluster restarted with 32 nodes; the preflight,
-# lessons 01 and 03 at 34 and 64 ranks.
+# at 34 and 64 ranks, lessons 01 and 03 at 34 (tests/test_scale.py says why not at 64).
 test-scale: venv data
 	$(VENV)/bin/pytest -m scale tests
+
+# The commands the READMEs show that finish in seconds, run as written from the course root with
+# only the venv active (tests/test_readme_commands.py; the rest of that file runs in make test).
+test-readme: venv data cluster-up
+	$(VENV)/bin/pytest -m readme tests/test_readme_commands.py
 
 demo: venv data cluster-up
 	@mkdir -p runs

@@ -169,6 +169,10 @@ def pytest_configure(config):
         "elsewhere, GPU binding, a resume on fewer GPUs); a lane of its own (make test-sites), "
         "left out of make test",
     )
+    config.addinivalue_line(
+        "markers", "readme: a README's command run as written (tests/test_readme_commands.py); "
+        "a lane of its own (make test-readme), left out of make test",
+    )
     if _loadgroup(config):
         # Hand out the groups in collection order (cluster group first, see below), not
         # largest group first: the cluster group is the longest lane, so it starts at once.
