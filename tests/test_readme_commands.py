@@ -197,12 +197,17 @@ NOT_RUN = {
     "sbatch lessons/09_beyond_data_parallel/2d.sh": (
         "the default steps (the test: STEPS=20)",
         "tests/test_lesson09.py::test_2d_job_and_a_tp_group_across_nodes"),
-    "PYTHONPATH=. torchrun --standalone --nproc-per-node 2 "
+    "sbatch lessons/09_beyond_data_parallel/compare.sh": (
+        "the default steps (the test: STEPS=2)", "tests/test_lesson09.py::test_compare_job"),
+    "torchrun --standalone --nproc-per-node 2 "
     "lessons/09_beyond_data_parallel/tp.py --steps 20": (
         "20 steps of 2 processes", "tests/test_lesson09.py"),
-    "PYTHONPATH=. torchrun --standalone --nproc-per-node 2 "
+    "torchrun --standalone --nproc-per-node 2 "
     "lessons/09_beyond_data_parallel/pp.py --microbatches 2,4": (
         "two pipeline schedules of 2 processes", "tests/test_lesson09.py"),
+    "torchrun --standalone --nproc-per-node 4 "
+    "lessons/09_beyond_data_parallel/compare.py --steps 3": (
+        "five forms of 4 processes", "tests/test_lesson09.py"),
 }
 
 
@@ -605,7 +610,7 @@ def test_collection_finds_every_readme_command():
         "lessons/03_ddp_mnist/README.md": 10, "lessons/04_torchrun_enroot/README.md": 14,
         "lessons/05_fault_tolerance/README.md": 11, "lessons/06_diagnosing_hangs/README.md": 2,
         "lessons/07_fsdp_sharding/README.md": 5, "lessons/08_data_pipeline/README.md": 7,
-        "lessons/09_beyond_data_parallel/README.md": 5,
+        "lessons/09_beyond_data_parallel/README.md": 7,
     }, counts
     assert Command("lessons/03_ddp_mnist/README.md", 42, "sbatch lessons/03_ddp_mnist/job.sh") \
         in commands
