@@ -20,12 +20,12 @@ sys.path.insert(0, str(ROOT))
 
 from common.env import (  # noqa: E402
     LaunchError,
-    _expand_builtin,
     expand_hostlist,
     parse_tasks_per_node,
     resolve_launch_env,
 )
 from common.env_cli import GPU_DRIVER_FILES, _cuda_device_count, export_values  # noqa: E402
+from common.slurm_hostlist import expand_hostlist as _expand_builtin  # noqa: E402
 from tests.test_env_resolution import BATCH_SCRIPT, slurm_step, torchrun_worker  # noqa: E402
 
 # A documentation address (RFC 5737): resolves without DNS, is never contacted here.
