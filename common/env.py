@@ -277,12 +277,12 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
 
 
 def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> LaunchError:
-    # Lesson 00: in a job of 2 tasks per node, srun --ntasks-per-node=1 still starts 2 tasks
-    # per node (the job's SLURM_NTASKS wins); --ntasks=$SLURM_NNODES starts one.
+    # Lesson 00: in a job of 2 tasks per node, srun --ntasks-per-node=1 alone still starts 2
+    # tasks per node (the job's task count wins); with --ntasks=$SLURM_NNODES, one.
     return LaunchError(
         f"double spawn: srun started {step.tasks_on_this_node} tasks on this node "
         f"(SLURM_STEP_TASKS_PER_NODE) and {inner} starts {inner_count} processes inside each of "
-        f"them. Use one of the two: either srun --ntasks=$SLURM_NNODES (one task per node) with "
+        f"them. Use one of the two: either srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 with "
         f"the launcher starting the per-node processes, or srun --ntasks-per-node=N running the "
         f"script directly."
     )
