@@ -11,11 +11,10 @@ The answer depends on who started the process; :func:`resolve_launch_env` looks,
 4. nothing: one plain process, rank 0 of 1.
 
 What would make the job hang later (a variable missing, malformed or disagreeing with another,
-a double spawn) raises :class:`LaunchError` at once, naming the variable and the fix.  At the
-end, the few set-up helpers every lesson script calls: its GPU, threads, timeout, error line.
-Checks of the machine itself (the master address resolves and is no loopback across nodes,
-the port is free) live with lesson 06 in common/preflight.py, which resolve_launch_env runs
-where it is found.  ``srun python -m common.env`` prints what each task sees (common/env_cli.py).
+a double spawn) raises :class:`LaunchError` at once, naming the variable and the fix.  The end
+holds the set-up helpers every lesson script calls (its GPU, threads, timeout, error line).
+Checks of the machine itself (address, port, GPU binding) are lesson 06's common/preflight.py,
+run from here where it is found.  ``srun python -m common.env``: what each task sees.
 """
 
 from __future__ import annotations
@@ -86,9 +85,8 @@ def _parse_int(text: str, name: str, *, hint: str = "", minimum: int = 0) -> int
     """A whole number >= ``minimum`` in ASCII digits, else a LaunchError naming ``name``."""
     stripped = text.strip()
     if not _ASCII_INT.fullmatch(stripped):
-        raise LaunchError(
-            f"{name}={text!r} is not a whole number (ASCII digits 0-9 only). {hint}".strip()
-        )
+        raise LaunchError(f"{name}={text!r} is not a whole number (ASCII digits 0-9 only). "
+                          f"{hint}".strip())  # fmt: skip
     if int(stripped) < minimum:
         raise LaunchError(f"{name}={int(stripped)} must be at least {minimum}. {hint}".strip())
     return int(stripped)
@@ -108,23 +106,21 @@ def _opt_int_var(environ, name: str, *, hint: str = "", minimum: int = 0) -> int
 def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
     """``gpu[01-03,07],cpu5`` -> its host names (zero padding kept); ``variable`` is named in
     the error.  python-hostlist where installed, else common/slurm_hostlist.py."""
-    reader = hostlist
     try:
-        if reader is None:
-            from common import slurm_hostlist as reader
+        if hostlist is None:  # the same syntax, read by the course's own file
+            from common.slurm_hostlist import expand_hostlist as expand
+        else:
+            expand = hostlist.expand_hostlist
+        hosts = expand(text)
     except ModuleNotFoundError:  # env.py taken into a project without either
-        raise LaunchError(f"{variable} is a host list and reading it needs python-hostlist: "
-                          f"pip install python-hostlist") from None  # fmt: skip
-    try:
-        hosts = reader.expand_hostlist(text)
+        raise LaunchError(f"reading {variable} needs python-hostlist: pip install "
+                          f"python-hostlist") from None  # fmt: skip
     except RecursionError:  # python-hostlist recurses once per bracket group
-        raise LaunchError(
-            f"{variable} has too many bracket groups to be a host list ({text[:40]!r}...)"
-        ) from None
+        raise LaunchError(f"{variable} has too many bracket groups to be a host list "
+                          f"({text[:40]!r}...)") from None  # fmt: skip
     except (ValueError, getattr(hostlist, "BadHostlist", ValueError)) as exc:
-        raise LaunchError(
-            f"{variable}={text!r} is not a valid host list ({exc}); expected e.g. 'node[1-2],gpu05'"
-        ) from None
+        raise LaunchError(f"{variable}={text!r} is not a valid host list ({exc}); expected e.g. "
+                          f"'node[1-2],gpu05'") from None  # fmt: skip
     if not hosts:
         raise LaunchError(f"{variable} is empty; expected a host list such as 'node[1-2]'")
     return hosts
@@ -136,9 +132,8 @@ def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE")
     for part in text.split(","):
         match = _TASKS_PER_NODE.fullmatch(part.strip())
         if not match or int(match[1]) < 1 or (match[2] and int(match[2]) < 1):
-            raise LaunchError(
-                f"{variable}={text!r} is not a SLURM task count list; expected e.g. '2(x3),1'"
-            )
+            raise LaunchError(f"{variable}={text!r} is not a SLURM task count list; expected "
+                              f"e.g. '2(x3),1'")  # fmt: skip
         repeat = int(match[2] or 1)
         if len(counts) + repeat > MAX_HOSTS:
             raise LaunchError(f"{variable}={text!r} counts more than {MAX_HOSTS} nodes.")
@@ -194,9 +189,7 @@ def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str]) -> s
         program = cmdline.split()[:3]  # "python -m torch.distributed.launch", ".../bin/torchrun"
         if "torch.distributed.launch" in program:
             return "torch.distributed.launch"
-        if "torch.distributed.run" in program or any(
-            os.path.basename(word) == "torchrun" for word in program
-        ):
+        if "torch.distributed.run" in program or "torchrun" in map(os.path.basename, program):
             break
     return "torchrun"
 
@@ -337,10 +330,9 @@ def _from_torch_launcher(environ, argv, ancestors, step):
 
 def _from_spawn(step, spawn_index, spawn_nprocs):
     if spawn_nprocs < 1 or not 0 <= spawn_index < spawn_nprocs:
-        raise LaunchError(
-            f"spawn_index={spawn_index} must lie in 0..spawn_nprocs-1 (spawn_nprocs="
-            f"{spawn_nprocs}); pass the index mp.spawn gives and the nprocs it was called with."
-        )
+        raise LaunchError(f"spawn_index={spawn_index} must lie in 0..spawn_nprocs-1 (spawn_nprocs="
+                          f"{spawn_nprocs}); pass the index mp.spawn gives and the nprocs it was "
+                          f"called with.")  # fmt: skip
     task, tasks, node_rank, num_nodes, local_base, tasks_here = 0, 1, 0, 1, 0, 1
     if step is not None:
         # mp.spawn inside each srun task (normally one per node): rank = task * nprocs + index
@@ -378,9 +370,8 @@ def resolve_launch_env(
     In an ``mp.spawn`` child pass ``spawn_index`` and ``spawn_nprocs`` (processes spawned per
     node).  ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``.
     ``check=False`` skips common/preflight.py's checks against this machine (the address
-    resolves, rank 0 runs there, the port is free); a project without that file skips them.
-    ``proc_cgroup``: /proc/self/cgroup's text, read when ``environ`` is None, for preflight's
-    check that an srun task kept its SLURM_* variables.
+    resolves, rank 0 runs there, the port is free).  ``proc_cgroup``: /proc/self/cgroup's text
+    (read when ``environ`` is None): did an srun task lose its SLURM_* variables?
     """
     preflight = _preflight()
     if preflight and (environ is None or proc_cgroup is not None):  # an srun task's variables
@@ -397,11 +388,9 @@ def resolve_launch_env(
 
     if any(v in environ for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")):
         if spawn_nprocs is not None and spawn_nprocs > 1:
-            raise LaunchError(
-                f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by hand) and "
-                f"mp.spawn starts {spawn_nprocs} more processes; use torchrun --nproc-per-node "
-                f"or mp.spawn, not both."
-            )
+            raise LaunchError(f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by "
+                              f"hand) and mp.spawn starts {spawn_nprocs} more processes; use "
+                              f"torchrun --nproc-per-node or mp.spawn, not both.")  # fmt: skip
         found = _from_torch_launcher(environ, argv, _ancestor_cmdlines(), step)
     elif step is not None and spawn_nprocs is None:
         found = ("slurm", step.procid, step.localid, step.ntasks, step.tasks_on_this_node,
@@ -430,21 +419,17 @@ def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_
     if world_size < 1:
         raise LaunchError(f"WORLD_SIZE={world_size}: a job needs at least one process.")
     if not 0 <= rank < world_size:
-        raise LaunchError(
-            f"RANK={rank} is not below WORLD_SIZE={world_size}; ranks run from 0 to WORLD_SIZE-1."
-        )
+        raise LaunchError(f"RANK={rank} is not below WORLD_SIZE={world_size}; ranks run from 0 "
+                          f"to WORLD_SIZE-1.")  # fmt: skip
     if local_world_size < 1 or not 0 <= local_rank < local_world_size:
-        raise LaunchError(
-            f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world_size}."
-        )
+        raise LaunchError(f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE="
+                          f"{local_world_size}.")  # fmt: skip
     if local_world_size > world_size:
-        raise LaunchError(
-            f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}."
-        )
+        raise LaunchError(f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE="
+                          f"{world_size}.")  # fmt: skip
     if not 0 <= node_rank < num_nodes:
-        raise LaunchError(
-            f"node rank {node_rank} (GROUP_RANK/SLURM_NODEID) is not below {num_nodes}."
-        )
+        raise LaunchError(f"node rank {node_rank} (GROUP_RANK/SLURM_NODEID) is not below "
+                          f"{num_nodes}.")  # fmt: skip
 
 
 def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
@@ -458,11 +443,10 @@ def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> No
     global batch) than the one it is written for."""
     gpus = gpus_on_node(environ)
     if gpus and local_world_size > gpus:
-        raise LaunchError(
-            f"{local_world_size} processes on this node but SLURM gave it SLURM_GPUS_ON_NODE="
-            f"{gpus} GPU(s): one process per GPU, so ask for --ntasks-per-node={gpus} (or "
-            f"--nproc-per-node={gpus}) or for --gres=gpu:{local_world_size}."
-        )
+        raise LaunchError(f"{local_world_size} processes on this node but SLURM gave it "
+                          f"SLURM_GPUS_ON_NODE={gpus} GPU(s): one process per GPU, so ask for "
+                          f"--ntasks-per-node={gpus} (or --nproc-per-node={gpus}) or for "
+                          f"--gres=gpu:{local_world_size}.")  # fmt: skip
 
 
 def _master_addr(environ, step, num_nodes) -> str:
@@ -474,10 +458,9 @@ def _master_addr(environ, step, num_nodes) -> str:
         return _rank0_host(environ, step)
     if num_nodes == 1:
         return environ.get("SLURMD_NODENAME") or "127.0.0.1"
-    raise LaunchError(
-        f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export MASTER_ADDR=<host "
-        f"of rank 0> (or start the job with srun, which names the hosts)."
-    )
+    raise LaunchError(f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export "
+                      f"MASTER_ADDR=<host of rank 0> (or start the job with srun, which names "
+                      f"the hosts).")  # fmt: skip
 
 
 def _arbitrary(environ: Mapping[str, str]) -> bool:
@@ -505,10 +488,8 @@ def _rank0_host(environ: Mapping[str, str], step: _SlurmStep | None) -> str:
             f"{fix}."
         ) from None
     if not entries:
-        raise LaunchError(
-            f"tasks are placed by --distribution=arbitrary but SLURM_HOSTFILE={path!r} names no "
-            f"host, so where rank 0 runs is unknown: {fix}."
-        )
+        raise LaunchError(f"tasks are placed by --distribution=arbitrary but SLURM_HOSTFILE="
+                          f"{path!r} names no host, so where rank 0 runs is unknown: {fix}.")
     return expand_hostlist(entries[0], "SLURM_HOSTFILE")[0]
 
 
