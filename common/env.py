@@ -70,10 +70,6 @@ class LaunchEnv:
     hostname: str
     job_id: str | None  # SLURM_JOB_ID, or None outside SLURM
 
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
