@@ -25,6 +25,10 @@ there is any (0 otherwise), so a job script can stop before the real job would h
 
 Every wait is bounded (``--timeout``, default 15 s per phase, and a watchdog over the whole
 run), so it never hangs: a task nobody hears from is reported as missing.
+
+The first section, "launch checks", is what every lesson script runs through common/env.py
+(which answers "who am I" and calls these where this file is found): the same checks, on
+every process, before it joins its group.
 """
 
 from __future__ import annotations
