@@ -166,6 +166,30 @@ def test_common_env_runs_where_python_hostlist_is_not_installed(tmp_path):
     assert info["master_addr"] == REMOTE
 
 
+def test_env_py_alone_without_python_hostlist_names_the_package(monkeypatch):
+    """A project that took env.py without common/slurm_hostlist.py needs python-hostlist."""
+    import common.env
+
+    monkeypatch.setattr(common.env, "hostlist", None)
+    monkeypatch.setitem(sys.modules, "common.slurm_hostlist", None)  # as if not there
+    with pytest.raises(LaunchError, match="SLURM_STEP_NODELIST needs python-hostlist: pip install"):
+        resolve(slurm_step(0, 0, 0, 2, "n[1-2]", "1(x2)"))
+
+
+def test_env_py_alone_answers_without_preflight(monkeypatch):
+    """Taken home without common/preflight.py: the same answers, without the machine checks."""
+    import common
+    from common import env as cenv
+
+    monkeypatch.setitem(sys.modules, "common.preflight", None)  # as if not there
+    monkeypatch.delattr(common, "preflight", raising=False)
+    step = slurm_step(3, 1, 1, 4, "localhost,n2", "2(x2)")
+    env = cenv.resolve_launch_env(step, argv=["train.py"], check=True)
+    assert (env.rank, env.world_size, env.master_addr) == (3, 4, "localhost")  # no loopback check
+    assert cenv.cuda_device_index(env, 1, {"SLURM_GPUS_ON_NODE": "1"}) == 0  # NCCL says the rest
+    cenv.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"})  # no diagnosis: goes on
+
+
 @pytest.mark.skipif(any(map(os.path.exists, GPU_DRIVER_FILES)), reason="a GPU driver is here")
 def test_common_env_counts_no_gpus_without_importing_torch_where_no_driver_is(tmp_path):
     """Every job script runs `python -m common.env --export` before its srun; on a machine
