@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib
 import os
 import re
 import socket
@@ -102,15 +103,11 @@ def _opt_int_var(environ, name: str, *, hint: str = "", minimum: int = 0) -> int
 def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
     """``gpu[01-03,07],cpu5`` -> its host names (zero padding kept); ``variable`` is named in
     the error.  python-hostlist where installed, else common/slurm_hostlist.py."""
+    reader = hostlist or _beside("slurm_hostlist")  # the same syntax, read by the course's file
+    if reader is None:  # env.py taken into a project without either
+        raise LaunchError(f"reading {variable} needs python-hostlist: pip install python-hostlist")
     try:
-        if hostlist is None:  # the same syntax, read by the course's own file
-            from common.slurm_hostlist import expand_hostlist as expand
-        else:
-            expand = hostlist.expand_hostlist
-        hosts = expand(text)
-    except ModuleNotFoundError:  # env.py taken into a project without either
-        raise LaunchError(f"reading {variable} needs python-hostlist: pip install "
-                          f"python-hostlist") from None  # fmt: skip
+        hosts = reader.expand_hostlist(text)
     except RecursionError:  # python-hostlist recurses once per bracket group
         raise LaunchError(f"{variable} has too many bracket groups to be a host list "
                           f"({text[:40]!r}...)") from None  # fmt: skip
@@ -340,16 +337,18 @@ def _from_spawn(step, spawn_index, spawn_nprocs):
             tasks * spawn_nprocs, tasks_here * spawn_nprocs, node_rank, num_nodes)  # fmt: skip
 
 
-def _preflight():
-    """Lesson 06's checks of this machine (common/preflight.py), or None in a project that
-    took env.py without it: there torch reports the same problems, later and less plainly."""
-    try:
-        from common import preflight
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("common.preflight", "common"):
-            raise
+def _beside(name: str):
+    """The course's module common/<name>.py where it lies beside this file, else None: in a
+    project that took env.py alone (and never another copy of the course, installed or not)."""
+    if not Path(__file__).with_name(f"{name}.py").is_file():
         return None
-    return preflight
+    return importlib.import_module(f"common.{name}")
+
+
+def _preflight():
+    """Lesson 06's checks of this machine (common/preflight.py), or None without it: then torch
+    reports the same problems itself, later and less plainly."""
+    return _beside("preflight")
 
 
 def resolve_launch_env(
