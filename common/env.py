@@ -14,7 +14,7 @@ What would make the job hang later (a variable missing, malformed or disagreeing
 a double spawn) raises :class:`LaunchError` at once, naming the variable and the fix.  The end
 holds the set-up helpers every lesson script calls (its GPU, threads, timeout, error line).
 Checks of the machine itself (address, port, GPU binding) are lesson 06's common/preflight.py,
-run from here where it is found.  ``srun python -m common.env``: what each task sees.
+run from here where it lies beside this file.  ``srun python -m common.env``: each task's view.
 """
 
 from __future__ import annotations
@@ -509,7 +509,7 @@ def cuda_device_index(env: LaunchEnv, visible_gpus: int,
     """The ``N`` of ``cuda:N``: the local rank where each task sees all the node's GPUs (or one
     per local rank); 0 where it sees one of its own (``--gpus-per-task=1``, ``single:1``); its
     own set's devices in turn under ``--gpus-per-task=2``.  Any other sharing (two ranks on one
-    GPU, ``--gpu-bind=closest``) is refused by common/preflight.py, where found."""
+    GPU, ``--gpu-bind=closest``) is refused by common/preflight.py, where it lies beside."""
     environ = os.environ if environ is None else environ
     preflight = _preflight()
     if preflight:

@@ -27,7 +27,7 @@ Every wait is bounded (``--timeout``, default 15 s per phase, and a watchdog ove
 run), so it never hangs: a task nobody hears from is reported as missing.
 
 The first section, "launch checks", is what every lesson script runs through common/env.py
-(which answers "who am I" and calls these where this file is found): the same checks, on
+(which answers "who am I" and calls these where this file lies beside it): the same checks, on
 every process, before it joins its group.
 """
 
@@ -78,7 +78,7 @@ def problem(what: str, fix: str, *, needs_separate_hosts: bool = False) -> Probl
 
 
 # --------------------------------------------------------------------------- launch checks
-# What common.env runs where this file is found (resolve_launch_env with check=True, and its
+# What common.env runs where this file lies beside it (resolve_launch_env with check=True, its
 # set-up helpers): checks of this machine and of the job's shape that turn a later hang, or a
 # run on the wrong device, into one line now.  common/env.py itself only answers "who am I".
 
