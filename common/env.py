@@ -1,6 +1,6 @@
 """Who am I in this job?  Rank, local rank, world size, node, and where rank 0 listens.
 
-Who tells a process depends on who started it; we look, in this order:
+The answer depends on who started the process; :func:`resolve_launch_env` looks, in order, at
 
 1. torchrun / torch.distributed.launch: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``, ``TORCHELASTIC_RUN_ID``
@@ -11,17 +11,17 @@ Who tells a process depends on who started it; we look, in this order:
 4. nothing: one plain process, rank 0 of 1.
 
 What would make the job hang later (a variable missing, malformed or disagreeing with another,
-a double spawn, a master address that does not resolve or is loopback across nodes, a busy
-port) raises :class:`LaunchError` at once, naming the variable or flag and the fix.
-``srun python -m common.env`` prints what each task sees (common/env_cli.py).
+a double spawn) raises :class:`LaunchError` at once, naming the variable and the fix.  The end
+holds the set-up helpers every lesson script calls (its GPU, threads, timeout, error line).
+Checks of the machine itself (address, port, GPU binding) are lesson 06's common/preflight.py,
+run from here where it lies beside this file.  ``srun python -m common.env``: each task's view.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import errno
-import ipaddress
+import importlib
 import os
 import re
 import socket
@@ -31,8 +31,8 @@ from pathlib import Path
 
 try:  # python-hostlist reads SLURM's host list syntax in full (requirements.txt installs it)
     import hostlist
-except ImportError:  # container images (NGC, pyxis) ship torch and not our packages
-    hostlist = None
+except ImportError:  # container images (NGC, pyxis) ship torch and not our packages:
+    hostlist = None  # common/slurm_hostlist.py reads it there
 
 LAUNCHERS = ("torchrun", "torch.distributed.launch", "env", "slurm", "mp.spawn", "single")
 DEFAULT_MASTER_PORT = 29500  # torch's own default
@@ -56,21 +56,20 @@ class LaunchError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class LaunchEnv:
-    rank: int  # global rank, 0 .. world_size-1
-    local_rank: int  # rank among the processes on this node (selects the GPU)
-    world_size: int  # number of processes in the job
-    local_world_size: int  # number of processes on this node
-    node_rank: int  # index of this node, 0 .. num_nodes-1
-    num_nodes: int
-    master_addr: str  # where rank 0 (or the torchrun agent) hosts the rendezvous store
-    master_port: int
-    launcher: str  # one of LAUNCHERS
+    """This process's place in the job.  Where each field comes from, launcher by launcher:
+    torchrun's variable / srun's variable / mp.spawn / a plain process."""
+
+    rank: int  # RANK / SLURM_PROCID / task * nprocs + index / 0
+    local_rank: int  # LOCAL_RANK / SLURM_LOCALID / ... ; rank on this node, picks the GPU
+    world_size: int  # WORLD_SIZE / SLURM_STEP_NUM_TASKS / tasks * nprocs / 1
+    local_world_size: int  # LOCAL_WORLD_SIZE / SLURM_STEP_TASKS_PER_NODE[node] / ... / 1
+    node_rank: int  # GROUP_RANK / SLURM_NODEID / SLURM_NODEID / 0
+    num_nodes: int  # GROUP_WORLD_SIZE / hosts in SLURM_STEP_NODELIST / ... / 1
+    master_addr: str  # MASTER_ADDR, else the step's first host (_master_addr)
+    master_port: int  # MASTER_PORT, else derived from SLURM_JOB_ID (_master_port)
+    launcher: str  # one of LAUNCHERS (_torch_launcher, _in_srun_step)
     hostname: str
     job_id: str | None  # SLURM_JOB_ID, or None outside SLURM
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -83,9 +82,8 @@ def _parse_int(text: str, name: str, *, hint: str = "", minimum: int = 0) -> int
     """A whole number >= ``minimum`` in ASCII digits, else a LaunchError naming ``name``."""
     stripped = text.strip()
     if not _ASCII_INT.fullmatch(stripped):
-        raise LaunchError(
-            f"{name}={text!r} is not a whole number (ASCII digits 0-9 only). {hint}".strip()
-        )
+        raise LaunchError(f"{name}={text!r} is not a whole number (ASCII digits 0-9 only). "
+                          f"{hint}".strip())  # fmt: skip
     if int(stripped) < minimum:
         raise LaunchError(f"{name}={int(stripped)} must be at least {minimum}. {hint}".strip())
     return int(stripped)
@@ -104,60 +102,21 @@ def _opt_int_var(environ, name: str, *, hint: str = "", minimum: int = 0) -> int
 
 def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
     """``gpu[01-03,07],cpu5`` -> its host names (zero padding kept); ``variable`` is named in
-    the error.  python-hostlist where installed, else :func:`_expand_builtin`."""
+    the error.  python-hostlist where installed, else common/slurm_hostlist.py."""
+    reader = hostlist or _beside("slurm_hostlist")  # the same syntax, read by the course's file
+    if reader is None:  # env.py taken into a project without either
+        raise LaunchError(f"reading {variable} needs python-hostlist: pip install python-hostlist")
     try:
-        hosts = hostlist.expand_hostlist(text) if hostlist else _expand_builtin(text)
+        hosts = reader.expand_hostlist(text)
     except RecursionError:  # python-hostlist recurses once per bracket group
-        raise LaunchError(
-            f"{variable} has too many bracket groups to be a host list ({text[:40]!r}...)"
-        ) from None
+        raise LaunchError(f"{variable} has too many bracket groups to be a host list "
+                          f"({text[:40]!r}...)") from None  # fmt: skip
     except (ValueError, getattr(hostlist, "BadHostlist", ValueError)) as exc:
-        raise LaunchError(
-            f"{variable}={text!r} is not a valid host list ({exc}); expected e.g. 'node[1-2],gpu05'"
-        ) from None
+        raise LaunchError(f"{variable}={text!r} is not a valid host list ({exc}); expected e.g. "
+                          f"'node[1-2],gpu05'") from None  # fmt: skip
     if not hosts:
         raise LaunchError(f"{variable} is empty; expected a host list such as 'node[1-2]'")
     return hosts
-
-
-def _expand_builtin(text: str) -> list[str]:
-    """SLURM's host list syntax for images without python-hostlist (tests check that the two
-    agree): comma-separated names, each the product of its ``[ranges]`` groups."""
-    items, depth, start = [], 0, 0
-    for i, char in enumerate(text):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            items.append(text[start:i])
-            start = i + 1
-        if not 0 <= depth <= 1:
-            raise ValueError("unbalanced or nested brackets")
-    if depth:
-        raise ValueError("'[' without ']'")
-    items.append(text[start:])
-    hosts: list[str] = []
-    for item in filter(None, items):  # "a,,b" is a,b (as for python-hostlist)
-        names = [""]
-        # "rack[1-2]-gpu[08-09]" splits into "rack", "1-2", "-gpu", "08-09", "".
-        for k, piece in enumerate(re.split(r"\[([^\[\]]*)\]", item)):
-            names = [n + s for n in names for s in (_expand_ranges(piece) if k % 2 else [piece])]
-            if len(hosts) + len(names) > MAX_HOSTS:
-                raise ValueError(f"more than {MAX_HOSTS} hosts")
-        hosts.extend(names)
-    return hosts
-
-
-def _expand_ranges(group: str) -> list[str]:
-    """``01-03,7`` -> ``01 02 03 7`` (a range's lower bound gives the width)."""
-    out = []
-    for part in group.split(","):
-        low, _, high = part.partition("-")
-        if not _ASCII_INT.fullmatch(low) or (high and not _ASCII_INT.fullmatch(high)):
-            raise ValueError(f"bad range {part!r}")
-        first, last = int(low), int(high or low)
-        if last < first or last - first >= MAX_HOSTS:
-            raise ValueError(f"bad range {part!r}")
-        out += [f"{n:0{len(low)}d}" for n in range(first, last + 1)]
-    return out
 
 
 def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE") -> list[int]:
@@ -166,9 +125,8 @@ def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE")
     for part in text.split(","):
         match = _TASKS_PER_NODE.fullmatch(part.strip())
         if not match or int(match[1]) < 1 or (match[2] and int(match[2]) < 1):
-            raise LaunchError(
-                f"{variable}={text!r} is not a SLURM task count list; expected e.g. '2(x3),1'"
-            )
+            raise LaunchError(f"{variable}={text!r} is not a SLURM task count list; expected "
+                              f"e.g. '2(x3),1'")  # fmt: skip
         repeat = int(match[2] or 1)
         if len(counts) + repeat > MAX_HOSTS:
             raise LaunchError(f"{variable}={text!r} counts more than {MAX_HOSTS} nodes.")
@@ -191,7 +149,7 @@ def find_free_port() -> int:
         return sock.getsockname()[1]
 
 
-# --------------------------------------------------------------------------- which launcher
+# --------------------------------------------------------------------------- launcher
 
 
 def _ancestor_cmdlines(depth: int = 3) -> list[str]:
@@ -224,28 +182,9 @@ def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str]) -> s
         program = cmdline.split()[:3]  # "python -m torch.distributed.launch", ".../bin/torchrun"
         if "torch.distributed.launch" in program:
             return "torch.distributed.launch"
-        if "torch.distributed.run" in program or any(
-            os.path.basename(word) == "torchrun" for word in program
-        ):
+        if "torch.distributed.run" in program or "torchrun" in map(os.path.basename, program):
             break
     return "torchrun"
-
-
-# --------------------------------------------------------------------------- SLURM step
-
-
-@dataclasses.dataclass(frozen=True)
-class _SlurmStep:
-    procid: int  # SLURM_PROCID
-    localid: int  # SLURM_LOCALID
-    nodeid: int  # SLURM_NODEID
-    ntasks: int  # SLURM_STEP_NUM_TASKS, else SLURM_NTASKS
-    hosts: list[str]  # SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST
-    tasks_per_node: list[int]  # SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
-
-    @property
-    def tasks_on_this_node(self) -> int:
-        return self.tasks_per_node[self.nodeid]
 
 
 def _in_srun_step(environ: Mapping[str, str]) -> bool:
@@ -263,43 +202,21 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     return bool(_ASCII_INT.fullmatch(step_id)) and int(step_id) < SENTINEL_STEP_ID_MIN
 
 
-# A process of an srun step is in the step's cgroup whatever its environment holds: cgroup v1
-# ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  The
-# batch script is in step_batch, salloc's shell in step_interactive; without task/cgroup, or in
-# a container with its own cgroup namespace, there is no such line: no sign either way.
-_STEP_CGROUP = re.compile(r"/job_([0-9]+)/step_([0-9]+)(?:/|$)")
+# --------------------------------------------------------------------------- SLURM step
 
 
-def slurm_step_of_cgroup(proc_cgroup: str) -> tuple[str, str] | None:
-    """(job id, step id) of the srun step whose cgroup /proc/self/cgroup names, or None."""
-    for line in proc_cgroup.splitlines():
-        m = _STEP_CGROUP.search(line.split(":", 2)[-1])
-        if m:
-            return m[1], m[2]
-    return None
+@dataclasses.dataclass(frozen=True)
+class _SlurmStep:
+    procid: int  # SLURM_PROCID
+    localid: int  # SLURM_LOCALID
+    nodeid: int  # SLURM_NODEID
+    ntasks: int  # SLURM_STEP_NUM_TASKS, else SLURM_NTASKS
+    hosts: list[str]  # SLURM_STEP_NODELIST, else SLURM_JOB_NODELIST
+    tasks_per_node: list[int]  # SLURM_STEP_TASKS_PER_NODE, else SLURM_TASKS_PER_NODE
 
-
-def _check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | None) -> None:
-    """An srun task that lost every SLURM_* variable (``apptainer exec --cleanenv``, ``env -i``)
-    would train alone as rank 0 of 1: say so instead."""
-    if any(name.startswith("SLURM_") for name in environ):
-        return
-    if proc_cgroup is None:
-        try:
-            with open("/proc/self/cgroup") as f:
-                proc_cgroup = f.read()
-        except OSError:
-            return
-    found = slurm_step_of_cgroup(proc_cgroup)
-    if found:
-        raise LaunchError(
-            f"this process runs in Slurm step {found[0]}.{found[1]} (/proc/self/cgroup) but has "
-            f"no SLURM_* variable, so every task would train alone as rank 0 of 1: something "
-            f"between srun and Python cleared the environment (apptainer/singularity exec "
-            f"--cleanenv or --containall, env -i). Drop that option, or pass the variables in "
-            f"(apptainer --env-file, APPTAINERENV_SLURM_PROCID=...); for a deliberate single "
-            f"process set RANK=0 WORLD_SIZE=1."
-        )
+    @property
+    def tasks_on_this_node(self) -> int:
+        return self.tasks_per_node[self.nodeid]
 
 
 def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
@@ -346,11 +263,14 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
 
 
 def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> LaunchError:
+    # Lesson 00: in a job of 2 tasks per node, srun --ntasks-per-node=1 alone still starts 2
+    # tasks per node (the job's task count wins); with --ntasks=$SLURM_NNODES, one.
     return LaunchError(
         f"double spawn: srun started {step.tasks_on_this_node} tasks on this node "
         f"(SLURM_STEP_TASKS_PER_NODE) and {inner} starts {inner_count} processes inside each of "
-        f"them. Use one of the two: either srun --ntasks-per-node=1 with the launcher starting "
-        f"the per-node processes, or srun --ntasks-per-node=N running the script directly."
+        f"them. Use one of the two: either srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 with "
+        f"the launcher starting the per-node processes, or srun --ntasks-per-node=N running the "
+        f"script directly."
     )
 
 
@@ -401,6 +321,36 @@ def _from_torch_launcher(environ, argv, ancestors, step):
     return launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes
 
 
+def _from_spawn(step, spawn_index, spawn_nprocs):
+    if spawn_nprocs < 1 or not 0 <= spawn_index < spawn_nprocs:
+        raise LaunchError(f"spawn_index={spawn_index} must lie in 0..spawn_nprocs-1 (spawn_nprocs="
+                          f"{spawn_nprocs}); pass the index mp.spawn gives and the nprocs it was "
+                          f"called with.")  # fmt: skip
+    task, tasks, node_rank, num_nodes, local_base, tasks_here = 0, 1, 0, 1, 0, 1
+    if step is not None:
+        # mp.spawn inside each srun task (normally one per node): rank = task * nprocs + index
+        if step.tasks_on_this_node > 1 and spawn_nprocs > 1:
+            raise _double_spawn_error(step, "mp.spawn (nprocs)", spawn_nprocs)
+        task, tasks, node_rank, num_nodes = step.procid, step.ntasks, step.nodeid, len(step.hosts)
+        local_base, tasks_here = step.localid, step.tasks_on_this_node
+    return ("mp.spawn", task * spawn_nprocs + spawn_index, local_base * spawn_nprocs + spawn_index,
+            tasks * spawn_nprocs, tasks_here * spawn_nprocs, node_rank, num_nodes)  # fmt: skip
+
+
+def _beside(name: str):
+    """The course's module common/<name>.py where it lies beside this file, else None: in a
+    project that took env.py alone (and never another copy of the course, installed or not)."""
+    if not Path(__file__).with_name(f"{name}.py").is_file():
+        return None
+    return importlib.import_module(f"common.{name}")
+
+
+def _preflight():
+    """Lesson 06's checks of this machine (common/preflight.py), or None without it: then torch
+    reports the same problems itself, later and less plainly."""
+    return _beside("preflight")
+
+
 def resolve_launch_env(
     environ: Mapping[str, str] | None = None,
     *,
@@ -414,14 +364,14 @@ def resolve_launch_env(
 
     In an ``mp.spawn`` child pass ``spawn_index`` and ``spawn_nprocs`` (processes spawned per
     node).  ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``.
-    ``check=False`` skips the checks against this machine (the master address resolves, the
-    port is free).  ``proc_cgroup``: /proc/self/cgroup's text (read when ``environ`` is None).
+    ``check=False`` skips common/preflight.py's checks against this machine (the address
+    resolves, rank 0 runs there, the port is free).  ``proc_cgroup``: /proc/self/cgroup's text
+    (read when ``environ`` is None): did an srun task lose its SLURM_* variables?
     """
-    launcher_vars = ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
-    if (environ is None or proc_cgroup is not None) and not any(
-        v in (os.environ if environ is None else environ) for v in launcher_vars
-    ):
-        _check_slurm_variables_kept(os.environ if environ is None else environ, proc_cgroup)
+    preflight = _preflight()
+    if preflight and (environ is None or proc_cgroup is not None):  # an srun task's variables
+        preflight.check_slurm_variables_kept(os.environ if environ is None else environ,
+                                             proc_cgroup)  # fmt: skip
     environ = os.environ if environ is None else environ
     argv = sys.argv if argv is None else argv
     step = _slurm_step(environ) if _in_srun_step(environ) else None
@@ -431,41 +381,20 @@ def resolve_launch_env(
     if spawn_index is not None and spawn_nprocs is None:
         raise LaunchError("spawn_index given without spawn_nprocs (the nprocs passed to mp.spawn).")
 
-    if any(v in environ for v in launcher_vars):
+    if any(v in environ for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")):
         if spawn_nprocs is not None and spawn_nprocs > 1:
-            raise LaunchError(
-                f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by hand) and "
-                f"mp.spawn starts {spawn_nprocs} more processes; use torchrun --nproc-per-node "
-                f"or mp.spawn, not both."
-            )
-        launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes = (
-            _from_torch_launcher(environ, argv, _ancestor_cmdlines(), step)
-        )
+            raise LaunchError(f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by "
+                              f"hand) and mp.spawn starts {spawn_nprocs} more processes; use "
+                              f"torchrun --nproc-per-node or mp.spawn, not both.")  # fmt: skip
+        found = _from_torch_launcher(environ, argv, _ancestor_cmdlines(), step)
     elif step is not None and spawn_nprocs is None:
-        launcher, rank, local_rank, world_size = "slurm", step.procid, step.localid, step.ntasks
-        local_world_size, node_rank = step.tasks_on_this_node, step.nodeid
-        num_nodes = len(step.hosts)
+        found = ("slurm", step.procid, step.localid, step.ntasks, step.tasks_on_this_node,
+                 step.nodeid, len(step.hosts))  # fmt: skip
     elif spawn_nprocs is not None:
-        launcher = "mp.spawn"
-        if spawn_nprocs < 1 or not 0 <= spawn_index < spawn_nprocs:
-            raise LaunchError(
-                f"spawn_index={spawn_index} must lie in 0..spawn_nprocs-1 (spawn_nprocs="
-                f"{spawn_nprocs}); pass the index mp.spawn gives and the nprocs it was called with."
-            )
-        task, tasks, node_rank, num_nodes, local_base, tasks_here = 0, 1, 0, 1, 0, 1
-        if step is not None:
-            # mp.spawn inside each srun task (normally one per node): rank = task * nprocs + index
-            if step.tasks_on_this_node > 1 and spawn_nprocs > 1:
-                raise _double_spawn_error(step, "mp.spawn (nprocs)", spawn_nprocs)
-            task, tasks, node_rank = step.procid, step.ntasks, step.nodeid
-            num_nodes = len(step.hosts)
-            local_base, tasks_here = step.localid, step.tasks_on_this_node
-        local_rank = local_base * spawn_nprocs + spawn_index
-        local_world_size = tasks_here * spawn_nprocs
-        rank, world_size = task * spawn_nprocs + spawn_index, tasks * spawn_nprocs
+        found = _from_spawn(step, spawn_index, spawn_nprocs)
     else:
-        launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes = (
-            "single", 0, 0, 1, 1, 0, 1)  # fmt: skip
+        found = ("single", 0, 0, 1, 1, 0, 1)
+    launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes = found
 
     _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
     _check_gpus_on_node(environ, local_world_size)
@@ -476,18 +405,8 @@ def resolve_launch_env(
         master_port=_master_port(environ, job_id, world_size),
         launcher=launcher, hostname=socket.gethostname(), job_id=job_id,
     )  # fmt: skip
-    if check:
-        # Under torchrun the agents have already met before starting the workers, and
-        # MASTER_ADDR is the agent's host as torchrun names it: the loopback check is for
-        # addresses people set.  The agent also holds the port already.
-        agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        check_master_addr(env if not agent_store else dataclasses.replace(env, num_nodes=1))
-        if step is not None and launcher in ("slurm", "mp.spawn"):
-            _check_rank0_here(env, environ, step.hosts)
-        dist = sys.modules.get("torch.distributed")
-        joined = dist is not None and dist.is_available() and dist.is_initialized()
-        if env.rank == 0 and not agent_store and not joined:  # rank 0 will host the store
-            check_port_free(env.master_port)
+    if check and preflight:
+        preflight.check_launch(env, environ, step.hosts if step else None)
     return env
 
 
@@ -495,21 +414,17 @@ def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_
     if world_size < 1:
         raise LaunchError(f"WORLD_SIZE={world_size}: a job needs at least one process.")
     if not 0 <= rank < world_size:
-        raise LaunchError(
-            f"RANK={rank} is not below WORLD_SIZE={world_size}; ranks run from 0 to WORLD_SIZE-1."
-        )
+        raise LaunchError(f"RANK={rank} is not below WORLD_SIZE={world_size}; ranks run from 0 "
+                          f"to WORLD_SIZE-1.")  # fmt: skip
     if local_world_size < 1 or not 0 <= local_rank < local_world_size:
-        raise LaunchError(
-            f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world_size}."
-        )
+        raise LaunchError(f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE="
+                          f"{local_world_size}.")  # fmt: skip
     if local_world_size > world_size:
-        raise LaunchError(
-            f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE={world_size}."
-        )
+        raise LaunchError(f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE="
+                          f"{world_size}.")  # fmt: skip
     if not 0 <= node_rank < num_nodes:
-        raise LaunchError(
-            f"node rank {node_rank} (GROUP_RANK/SLURM_NODEID) is not below {num_nodes}."
-        )
+        raise LaunchError(f"node rank {node_rank} (GROUP_RANK/SLURM_NODEID) is not below "
+                          f"{num_nodes}.")  # fmt: skip
 
 
 def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
@@ -523,11 +438,10 @@ def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> No
     global batch) than the one it is written for."""
     gpus = gpus_on_node(environ)
     if gpus and local_world_size > gpus:
-        raise LaunchError(
-            f"{local_world_size} processes on this node but SLURM gave it SLURM_GPUS_ON_NODE="
-            f"{gpus} GPU(s): one process per GPU, so ask for --ntasks-per-node={gpus} (or "
-            f"--nproc-per-node={gpus}) or for --gres=gpu:{local_world_size}."
-        )
+        raise LaunchError(f"{local_world_size} processes on this node but SLURM gave it "
+                          f"SLURM_GPUS_ON_NODE={gpus} GPU(s): one process per GPU, so ask for "
+                          f"--ntasks-per-node={gpus} (or --nproc-per-node={gpus}) or for "
+                          f"--gres=gpu:{local_world_size}.")  # fmt: skip
 
 
 def _master_addr(environ, step, num_nodes) -> str:
@@ -539,10 +453,9 @@ def _master_addr(environ, step, num_nodes) -> str:
         return _rank0_host(environ, step)
     if num_nodes == 1:
         return environ.get("SLURMD_NODENAME") or "127.0.0.1"
-    raise LaunchError(
-        f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export MASTER_ADDR=<host "
-        f"of rank 0> (or start the job with srun, which names the hosts)."
-    )
+    raise LaunchError(f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export "
+                      f"MASTER_ADDR=<host of rank 0> (or start the job with srun, which names "
+                      f"the hosts).")  # fmt: skip
 
 
 def _arbitrary(environ: Mapping[str, str]) -> bool:
@@ -555,8 +468,7 @@ def _rank0_host(environ: Mapping[str, str], step: _SlurmStep | None) -> str:
     srun's block, cyclic and plane distributions put task 0 on the first node of the step.
     ``--distribution=arbitrary`` places task i on the i-th host of the file SLURM_HOSTFILE names
     (srun(1)), so task 0 can be on any node: the file says which. (Slurm 26.05 with a topology
-    plugin also orders tasks by topology; rank 0 checks where it really runs, in
-    resolve_launch_env, and refuses there.)
+    plugin also orders tasks by topology: preflight.check_rank0_here says where rank 0 runs.)
     """
     if not _arbitrary(environ):
         return step.hosts[0]
@@ -571,27 +483,9 @@ def _rank0_host(environ: Mapping[str, str], step: _SlurmStep | None) -> str:
             f"{fix}."
         ) from None
     if not entries:
-        raise LaunchError(
-            f"tasks are placed by --distribution=arbitrary but SLURM_HOSTFILE={path!r} names no "
-            f"host, so where rank 0 runs is unknown: {fix}."
-        )
+        raise LaunchError(f"tasks are placed by --distribution=arbitrary but SLURM_HOSTFILE="
+                          f"{path!r} names no host, so where rank 0 runs is unknown: {fix}.")
     return expand_hostlist(entries[0], "SLURM_HOSTFILE")[0]
-
-
-def _check_rank0_here(env: LaunchEnv, environ: Mapping[str, str], hosts: Sequence[str]) -> None:
-    """Rank 0 hosts the store at MASTER_ADDR: when that is another node of the step (picked
-    from the step, or exported by the batch script, while the tasks ran in an order srun's
-    variables do not show), every rank would wait at the wrong host until the timeout. Say so
-    in seconds instead. (An address that is no node name of the step is left alone.)"""
-    node = environ.get("SLURMD_NODENAME", "")
-    if env.rank != 0 or not node or node == env.master_addr or env.master_addr not in hosts:
-        return
-    raise LaunchError(
-        f"rank 0 runs on {node}, not on {env.master_addr}, the node every rank was told to meet "
-        f"it at (tasks not in block order: SLURM_DISTRIBUTION="
-        f"{environ.get('SLURM_DISTRIBUTION', '')!r}); start the step with --distribution=block, "
-        f"or export MASTER_ADDR=<rank 0's node>."
-    )
 
 
 def _master_port(environ, job_id, world_size) -> int:
@@ -607,52 +501,6 @@ def _master_port(environ, job_id, world_size) -> int:
     return find_free_port() if world_size == 1 else DEFAULT_MASTER_PORT
 
 
-def check_master_addr(env: LaunchEnv) -> None:
-    """The master address must resolve, and across nodes not to loopback (``localhost``, or a
-    node name that /etc/hosts maps to 127.0.1.1): each node would wait for rank 0 on itself."""
-    master = env.master_addr
-    try:
-        infos = socket.getaddrinfo(master, env.master_port, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise LaunchError(
-            f"MASTER_ADDR={master!r} does not resolve ({exc}); set MASTER_ADDR to a "
-            f"host name or IP address of the node running rank 0."
-        ) from None
-    name = master.lower().rstrip(".")
-    try:
-        literal = ipaddress.ip_address(master.split("%")[0]).is_loopback
-    except ValueError:
-        literal = name in ("localhost", "localhost.localdomain", "ip6-localhost")
-    # This node's own name passes: rank 0's store listens on every address here, and the other
-    # nodes, which must not resolve it to loopback, check it themselves.
-    own = bool(env.hostname) and name.split(".")[0] == env.hostname.lower().split(".")[0]
-    addresses = [info[4][0] for info in infos]
-    loopback = [a for a in addresses if ipaddress.ip_address(a.split("%")[0]).is_loopback]
-    if env.num_nodes > 1 and loopback and (literal or not own):
-        shown = master if master in loopback else f"{master} -> {loopback[0]}"
-        raise LaunchError(
-            f"MASTER_ADDR={master!r} is a loopback address ({shown}) but the job spans "
-            f"{env.num_nodes} nodes: each node would look for rank 0 on itself. Use the first "
-            f"node's name as SLURM gives it (scontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
-            f"head -n1) or unset MASTER_ADDR and let common.env pick it."
-        )
-
-
-def check_port_free(port: int) -> None:
-    """Rank 0 is about to listen on ``port``; say so now if something else already does."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does
-        try:
-            sock.bind(("", port))
-        except OSError as exc:
-            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
-                raise
-            raise LaunchError(
-                f"MASTER_PORT={port} is already in use on this host ({exc.strerror}); "
-                f"export MASTER_PORT=<another port>, e.g. a free one in 20000-30000."
-            ) from None
-
-
 # --------------------------------------------------------------------------- the set-up
 
 
@@ -660,89 +508,32 @@ def cuda_device_index(env: LaunchEnv, visible_gpus: int,
                       environ: Mapping[str, str] | None = None) -> int:  # fmt: skip
     """The ``N`` of ``cuda:N``: the local rank where each task sees all the node's GPUs (or one
     per local rank); 0 where it sees one of its own (``--gpus-per-task=1``, ``single:1``); its
-    own set's devices in turn under ``--gpus-per-task=2``.  Tasks that share a set smaller than
-    the node's (``--gpu-bind=closest``) are refused: which GPU is a task's depends on how srun
-    spread the tasks over the sockets, cyclically by default (srun(1), ``--distribution``).  Two
-    ranks on one GPU (``map_gpu:0,0``, too few GPUs) is a LaunchError too, before NCCL's
-    "Duplicate GPU detected"."""
+    own set's devices in turn under ``--gpus-per-task=2``.  Any other sharing (two ranks on one
+    GPU, ``--gpu-bind=closest``) is refused by common/preflight.py, where it lies beside."""
     environ = os.environ if environ is None else environ
-    _check_gpu_map(environ, env.local_world_size)
+    preflight = _preflight()
+    if preflight:
+        preflight.check_gpu_map(environ, env.local_world_size)
     on_node = gpus_on_node(environ)
     if visible_gpus >= env.local_world_size:
         return env.local_rank
     if visible_gpus == 1 and on_node >= env.local_world_size:
         return 0
-    if 1 < visible_gpus < on_node and on_node >= env.local_world_size:
-        if environ.get("SLURM_GPUS_PER_TASK"):
-            return env.local_rank % visible_gpus
-        raise LaunchError(
-            f"this task sees {visible_gpus} of the node's {on_node} GPUs (CUDA_VISIBLE_DEVICES="
-            f"{environ.get('CUDA_VISIBLE_DEVICES')!r}, shared with other tasks: --gpu-bind="
-            f"closest or SLURM_GPU_BIND={environ.get('SLURM_GPU_BIND', '')!r}), and which one "
-            f"is its own depends on how srun spread the tasks over the sockets; give each task "
-            f"one GPU: --gpu-bind=single:1 (keeps the closest) or --gpus-per-task=1."
-        )
-    raise LaunchError(
-        f"{env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only "
-        f"{visible_gpus} visible GPUs (CUDA_VISIBLE_DEVICES="
-        f"{environ.get('CUDA_VISIBLE_DEVICES')!r}, SLURM_GPUS_ON_NODE="
-        f"{environ.get('SLURM_GPUS_ON_NODE')!r}): two ranks would share a GPU. Start one "
-        f"process per GPU (--ntasks-per-node / --nproc-per-node) or ask for more GPUs "
-        f"(--gpus-per-node)."
-    )
+    if 1 < visible_gpus < on_node and environ.get("SLURM_GPUS_PER_TASK") and (
+            on_node >= env.local_world_size):  # fmt: skip
+        return env.local_rank % visible_gpus
+    if preflight:
+        raise preflight.gpu_sharing_error(env, visible_gpus, on_node, environ)
+    return env.local_rank % max(1, visible_gpus)  # NCCL will say "Duplicate GPU detected"
 
 
-def _check_gpu_map(environ: Mapping[str, str], local_world_size: int) -> None:
-    """``--gpu-bind=map_gpu:0,0`` (SLURM_GPU_BIND) binds local task i to the i-th GPU listed."""
-    bind = environ.get("SLURM_GPU_BIND", "")
-    if "map_gpu:" not in bind:
-        return
-    listed = []
-    for item in bind.rpartition("map_gpu:")[2].split(",")[: max(1, local_world_size)]:
-        name, _, repeat = item.partition("*")  # map_gpu:0*2,1 repeats GPU 0 twice
-        listed += [name] * (int(repeat) if repeat.isdigit() else 1)
-    listed = listed[:local_world_size]
-    for i, gpu in enumerate(listed):
-        if gpu in listed[:i]:
-            raise LaunchError(
-                f"SLURM_GPU_BIND={bind!r} binds local tasks {listed.index(gpu)} and {i} to the "
-                f"same GPU {gpu}: NCCL needs one GPU per rank. Give each task its own "
-                f"(--gpus-per-task=1, or a map_gpu list without repeats)."
-            )
-
-
-NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"  # NVIDIA's per-GPU device files, whatever torch thinks
-
-
-def check_cuda_usable(environ: Mapping[str, str] | None = None,
-                      nvidia_glob: str = NVIDIA_DEVICE_GLOB) -> None:  # fmt: skip
-    """For a process that found no CUDA device: stop if SLURM gave this node GPUs that exist.
-
-    A CPU-only torch, or a container started without its GPUs, would otherwise train on the CPU
-    and "succeed" hours later.  Where SLURM's GPUs are bookkeeping only (the course's local
-    cluster has no /dev/nvidia*), the process goes on with gloo on the CPU.
-    """
-    import glob
-
-    import torch  # the caller has imported it already
-
-    gpus = gpus_on_node(environ)
-    devices = sorted(glob.glob(nvidia_glob)) if gpus else []
-    if not devices:
-        return
-    if torch.version.cuda is None:
-        why = (f"this is a CPU-only build of torch: install the CUDA build (pip install "
-               f"torch=={torch.__version__.split('+')[0]} --index-url "
-               f"https://download.pytorch.org/whl/cu<version>, see README.md).")  # fmt: skip
-    else:
-        why = ("inside a container, start it with its GPUs (apptainer --nv, enroot/pyxis with the "
-               "NVIDIA hook); otherwise the driver is older than this CUDA build needs (nvidia-smi "
-               "shows the driver's CUDA version): install a torch built for it.")  # fmt: skip
-    raise LaunchError(
-        f"SLURM gave this node {gpus} GPU(s) (SLURM_GPUS_ON_NODE) and it has {len(devices)} "
-        f"NVIDIA device(s) ({devices[0]}...), but torch {torch.__version__} sees no CUDA device "
-        f"(torch.version.cuda={torch.version.cuda}): {why}"
-    )
+def check_cuda_usable(environ: Mapping[str, str] | None = None, nvidia_glob: str | None = None):
+    """For a process that found no CUDA device: stop if SLURM gave this node GPUs that exist
+    (a CPU-only torch, a container started without its GPUs) rather than train on the CPU.
+    The diagnosis is lesson 06's (common/preflight.py); without it the process goes on."""
+    preflight = _preflight()
+    if preflight:
+        preflight.check_cuda_usable(environ, nvidia_glob or preflight.NVIDIA_DEVICE_GLOB)
 
 
 # Launchers that start several workers inside one SLURM task: they share the task's CPUs.

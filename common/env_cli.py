@@ -19,11 +19,11 @@ from common.env import (
     LaunchEnv,
     LaunchError,
     _opt_int_var,
-    check_master_addr,
     cuda_device_index,
     gpus_on_node,
     resolve_launch_env,
 )
+from common.preflight import check_master_addr
 
 
 def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:
@@ -46,8 +46,8 @@ def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> d
             f"double spawn: srun started {env.local_world_size} tasks on this node "
             f"(SLURM_STEP_TASKS_PER_NODE) and each would start a per-node launcher with "
             f"NPROC_PER_NODE={nproc} processes. A per-node launcher needs exactly one task per "
-            f"node: srun --ntasks-per-node=1 (or drop the launcher and let srun start one task "
-            f"per process)."
+            f"node: srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 (or drop the launcher and let "
+            f"srun start one task per process)."
         )
     num_nodes = env.num_nodes
     if env.launcher == "single" and environ.get("SLURM_JOB_ID"):

@@ -25,6 +25,10 @@ there is any (0 otherwise), so a job script can stop before the real job would h
 
 Every wait is bounded (``--timeout``, default 15 s per phase, and a watchdog over the whole
 run), so it never hangs: a task nobody hears from is reported as missing.
+
+The first section, "launch checks", is what every lesson script runs through common/env.py
+(which answers "who am I" and calls these where this file lies beside it): the same checks, on
+every process, before it joins its group.
 """
 
 from __future__ import annotations
@@ -33,12 +37,14 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import errno
 import fcntl
 import gc
 import ipaddress
 import json
 import os
 import platform
+import re
 import socket
 import struct
 import sys
@@ -49,9 +55,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from common.env import (
     LaunchEnv,
     LaunchError,
-    check_master_addr,
-    check_port_free,
     cuda_device_index,
+    gpus_on_node,
     resolve_launch_env,
 )
 
@@ -70,6 +75,206 @@ Problem = dict
 
 def problem(what: str, fix: str, *, needs_separate_hosts: bool = False) -> Problem:
     return {"what": what, "fix": fix, "separate": needs_separate_hosts}
+
+
+# --------------------------------------------------------------------------- launch checks
+# What common.env runs where this file lies beside it (resolve_launch_env with check=True, its
+# set-up helpers): checks of this machine and of the job's shape that turn a later hang, or a
+# run on the wrong device, into one line now.  common/env.py itself only answers "who am I".
+
+
+def check_launch(env: LaunchEnv, environ: Mapping[str, str], step_hosts: Sequence[str] | None):
+    """What resolve_launch_env(check=True) checks against this machine, in this order."""
+    # Under torchrun the agents have already met before starting the workers, and
+    # MASTER_ADDR is the agent's host as torchrun names it: the loopback check is for
+    # addresses people set.  The agent also holds the port already.
+    agent_store = environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    check_master_addr(env if not agent_store else dataclasses.replace(env, num_nodes=1))
+    if step_hosts is not None and env.launcher in ("slurm", "mp.spawn"):
+        check_rank0_here(env, environ, step_hosts)
+    dist = sys.modules.get("torch.distributed")
+    joined = dist is not None and dist.is_available() and dist.is_initialized()
+    if env.rank == 0 and not agent_store and not joined:  # rank 0 will host the store
+        check_port_free(env.master_port)
+
+
+def check_master_addr(env: LaunchEnv) -> None:
+    """The master address must resolve, and across nodes not to loopback (``localhost``, or a
+    node name that /etc/hosts maps to 127.0.1.1): each node would wait for rank 0 on itself."""
+    master = env.master_addr
+    try:
+        infos = socket.getaddrinfo(master, env.master_port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise LaunchError(
+            f"MASTER_ADDR={master!r} does not resolve ({exc}); set MASTER_ADDR to a "
+            f"host name or IP address of the node running rank 0."
+        ) from None
+    name = master.lower().rstrip(".")
+    try:
+        literal = ipaddress.ip_address(master.split("%")[0]).is_loopback
+    except ValueError:
+        literal = name in ("localhost", "localhost.localdomain", "ip6-localhost")
+    # This node's own name passes: rank 0's store listens on every address here, and the other
+    # nodes, which must not resolve it to loopback, check it themselves.
+    own = bool(env.hostname) and name.split(".")[0] == env.hostname.lower().split(".")[0]
+    addresses = [info[4][0] for info in infos]
+    loopback = [a for a in addresses if ipaddress.ip_address(a.split("%")[0]).is_loopback]
+    if env.num_nodes > 1 and loopback and (literal or not own):
+        shown = master if master in loopback else f"{master} -> {loopback[0]}"
+        raise LaunchError(
+            f"MASTER_ADDR={master!r} is a loopback address ({shown}) but the job spans "
+            f"{env.num_nodes} nodes: each node would look for rank 0 on itself. Use the first "
+            f"node's name as SLURM gives it (scontrol show hostnames \"$SLURM_JOB_NODELIST\" | "
+            f"head -n1) or unset MASTER_ADDR and let common.env pick it."
+        )
+
+
+def check_port_free(port: int) -> None:
+    """Rank 0 is about to listen on ``port``; say so now if something else already does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store does
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            if exc.errno not in (errno.EADDRINUSE, errno.EACCES):
+                raise
+            raise LaunchError(
+                f"MASTER_PORT={port} is already in use on this host ({exc.strerror}); "
+                f"export MASTER_PORT=<another port>, e.g. a free one in 20000-30000."
+            ) from None
+
+
+# A process of an srun step is in the step's cgroup whatever its environment holds: cgroup v1
+# ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  The
+# batch script is in step_batch, salloc's shell in step_interactive; without task/cgroup, or in
+# a container with its own cgroup namespace, there is no such line: no sign either way.
+_STEP_CGROUP = re.compile(r"/job_([0-9]+)/step_([0-9]+)(?:/|$)")
+
+
+def slurm_step_of_cgroup(proc_cgroup: str) -> tuple[str, str] | None:
+    """(job id, step id) of the srun step whose cgroup /proc/self/cgroup names, or None."""
+    for line in proc_cgroup.splitlines():
+        m = _STEP_CGROUP.search(line.split(":", 2)[-1])
+        if m:
+            return m[1], m[2]
+    return None
+
+
+def check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | None) -> None:
+    """An srun task that lost every SLURM_* variable (``apptainer exec --cleanenv``, ``env -i``)
+    would train alone as rank 0 of 1: say so instead (unless RANK/WORLD_SIZE say who it is)."""
+    launcher_vars = ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+    if any(name.startswith("SLURM_") or name in launcher_vars for name in environ):
+        return
+    if proc_cgroup is None:
+        try:
+            with open("/proc/self/cgroup") as f:
+                proc_cgroup = f.read()
+        except OSError:
+            return
+    found = slurm_step_of_cgroup(proc_cgroup)
+    if found:
+        raise LaunchError(
+            f"this process runs in Slurm step {found[0]}.{found[1]} (/proc/self/cgroup) but has "
+            f"no SLURM_* variable, so every task would train alone as rank 0 of 1: something "
+            f"between srun and Python cleared the environment (apptainer/singularity exec "
+            f"--cleanenv or --containall, env -i). Drop that option, or pass the variables in "
+            f"(apptainer --env-file, APPTAINERENV_SLURM_PROCID=...); for a deliberate single "
+            f"process set RANK=0 WORLD_SIZE=1."
+        )
+
+
+def check_rank0_here(env: LaunchEnv, environ: Mapping[str, str], hosts: Sequence[str]) -> None:
+    """Rank 0 hosts the store at MASTER_ADDR: when that is another node of the step (picked
+    from the step, or exported by the batch script, while the tasks ran in an order srun's
+    variables do not show), every rank would wait at the wrong host until the timeout. Say so
+    in seconds instead. (An address that is no node name of the step is left alone.)"""
+    node = environ.get("SLURMD_NODENAME", "")
+    if env.rank != 0 or not node or node == env.master_addr or env.master_addr not in hosts:
+        return
+    raise LaunchError(
+        f"rank 0 runs on {node}, not on {env.master_addr}, the node every rank was told to meet "
+        f"it at (tasks not in block order: SLURM_DISTRIBUTION="
+        f"{environ.get('SLURM_DISTRIBUTION', '')!r}); start the step with --distribution=block, "
+        f"or export MASTER_ADDR=<rank 0's node>."
+    )
+
+
+def check_gpu_map(environ: Mapping[str, str], local_world_size: int) -> None:
+    """``--gpu-bind=map_gpu:0,0`` (SLURM_GPU_BIND) binds local task i to the i-th GPU listed."""
+    bind = environ.get("SLURM_GPU_BIND", "")
+    if "map_gpu:" not in bind:
+        return
+    listed = []
+    for item in bind.rpartition("map_gpu:")[2].split(",")[: max(1, local_world_size)]:
+        name, _, repeat = item.partition("*")  # map_gpu:0*2,1 repeats GPU 0 twice
+        listed += [name] * (int(repeat) if repeat.isdigit() else 1)
+    listed = listed[:local_world_size]
+    for i, gpu in enumerate(listed):
+        if gpu in listed[:i]:
+            raise LaunchError(
+                f"SLURM_GPU_BIND={bind!r} binds local tasks {listed.index(gpu)} and {i} to the "
+                f"same GPU {gpu}: NCCL needs one GPU per rank. Give each task its own "
+                f"(--gpus-per-task=1, or a map_gpu list without repeats)."
+            )
+
+
+def gpu_sharing_error(env: LaunchEnv, visible_gpus: int, on_node: int,
+                      environ: Mapping[str, str]) -> LaunchError:  # fmt: skip
+    """What common.env's cuda_device_index raises where no GPU is this task's own: tasks that
+    share a set smaller than the node's (``--gpu-bind=closest``: which GPU is a task's depends
+    on how srun spread the tasks over the sockets, cyclically by default, srun(1)
+    ``--distribution``), or fewer GPUs than tasks (before NCCL's "Duplicate GPU detected")."""
+    if 1 < visible_gpus < on_node and on_node >= env.local_world_size:
+        return LaunchError(
+            f"this task sees {visible_gpus} of the node's {on_node} GPUs (CUDA_VISIBLE_DEVICES="
+            f"{environ.get('CUDA_VISIBLE_DEVICES')!r}, shared with other tasks: --gpu-bind="
+            f"closest or SLURM_GPU_BIND={environ.get('SLURM_GPU_BIND', '')!r}), and which one "
+            f"is its own depends on how srun spread the tasks over the sockets; give each task "
+            f"one GPU: --gpu-bind=single:1 (keeps the closest) or --gpus-per-task=1."
+        )
+    return LaunchError(
+        f"{env.local_world_size} processes on this node (LOCAL_WORLD_SIZE) but only "
+        f"{visible_gpus} visible GPUs (CUDA_VISIBLE_DEVICES="
+        f"{environ.get('CUDA_VISIBLE_DEVICES')!r}, SLURM_GPUS_ON_NODE="
+        f"{environ.get('SLURM_GPUS_ON_NODE')!r}): two ranks would share a GPU. Start one "
+        f"process per GPU (--ntasks-per-node / --nproc-per-node) or ask for more GPUs "
+        f"(--gpus-per-node)."
+    )
+
+
+NVIDIA_DEVICE_GLOB = "/dev/nvidia[0-9]*"  # NVIDIA's per-GPU device files, whatever torch thinks
+
+
+def check_cuda_usable(environ: Mapping[str, str] | None = None,
+                      nvidia_glob: str = NVIDIA_DEVICE_GLOB) -> None:  # fmt: skip
+    """For a process that found no CUDA device: stop if SLURM gave this node GPUs that exist.
+
+    A CPU-only torch, or a container started without its GPUs, would otherwise train on the CPU
+    and "succeed" hours later.  Where SLURM's GPUs are bookkeeping only (the course's local
+    cluster has no /dev/nvidia*), the process goes on with gloo on the CPU.
+    """
+    import glob
+
+    import torch  # the caller has imported it already
+
+    gpus = gpus_on_node(environ)
+    devices = sorted(glob.glob(nvidia_glob)) if gpus else []
+    if not devices:
+        return
+    if torch.version.cuda is None:
+        why = (f"this is a CPU-only build of torch: install the CUDA build (pip install "
+               f"torch=={torch.__version__.split('+')[0]} --index-url "
+               f"https://download.pytorch.org/whl/cu<version>, see README.md).")  # fmt: skip
+    else:
+        why = ("inside a container, start it with its GPUs (apptainer --nv, enroot/pyxis with the "
+               "NVIDIA hook); otherwise the driver is older than this CUDA build needs (nvidia-smi "
+               "shows the driver's CUDA version): install a torch built for it.")  # fmt: skip
+    raise LaunchError(
+        f"SLURM gave this node {gpus} GPU(s) (SLURM_GPUS_ON_NODE) and it has {len(devices)} "
+        f"NVIDIA device(s) ({devices[0]}...), but torch {torch.__version__} sees no CUDA device "
+        f"(torch.version.cuda={torch.version.cuda}): {why}"
+    )
 
 
 # --------------------------------------------------------------------------- pure helpers

@@ -20,12 +20,12 @@ sys.path.insert(0, str(ROOT))
 
 from common.env import (  # noqa: E402
     LaunchError,
-    _expand_builtin,
     expand_hostlist,
     parse_tasks_per_node,
     resolve_launch_env,
 )
 from common.env_cli import GPU_DRIVER_FILES, _cuda_device_count, export_values  # noqa: E402
+from common.slurm_hostlist import expand_hostlist as _expand_builtin  # noqa: E402
 from tests.test_env_resolution import BATCH_SCRIPT, slurm_step, torchrun_worker  # noqa: E402
 
 # A documentation address (RFC 5737): resolves without DNS, is never contacted here.
@@ -164,6 +164,28 @@ def test_common_env_runs_where_python_hostlist_is_not_installed(tmp_path):
     info = json.loads(proc.stdout)
     assert (info["rank"], info["world_size"], info["num_nodes"]) == (3, 4, 2)
     assert info["master_addr"] == REMOTE
+
+
+def test_env_py_alone_without_python_hostlist_names_the_package(monkeypatch):
+    """A project that took env.py without common/slurm_hostlist.py needs python-hostlist."""
+    import common.env
+
+    monkeypatch.setattr(common.env, "hostlist", None)
+    monkeypatch.setattr(common.env, "_beside", lambda name: None)  # as if not there
+    with pytest.raises(LaunchError, match="SLURM_STEP_NODELIST needs python-hostlist: pip install"):
+        resolve(slurm_step(0, 0, 0, 2, "n[1-2]", "1(x2)"))
+
+
+def test_env_py_alone_answers_without_preflight(monkeypatch):
+    """Taken home without common/preflight.py: the same answers, without the machine checks."""
+    from common import env as cenv
+
+    monkeypatch.setattr(cenv, "_beside", lambda name: None)  # as if not there
+    step = slurm_step(3, 1, 1, 4, "localhost,n2", "2(x2)")
+    env = cenv.resolve_launch_env(step, argv=["train.py"], check=True)
+    assert (env.rank, env.world_size, env.master_addr) == (3, 4, "localhost")  # no loopback check
+    assert cenv.cuda_device_index(env, 1, {"SLURM_GPUS_ON_NODE": "1"}) == 0  # NCCL says the rest
+    cenv.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"})  # no diagnosis: goes on
 
 
 @pytest.mark.skipif(any(map(os.path.exists, GPU_DRIVER_FILES)), reason="a GPU driver is here")

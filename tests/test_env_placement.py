@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.env import LaunchError, _check_rank0_here, resolve_launch_env  # noqa: E402
+from common.env import LaunchError, resolve_launch_env  # noqa: E402
+from common.preflight import check_rank0_here  # noqa: E402
 
 
 def task(procid, nodeid, node, **extra):
@@ -99,8 +100,8 @@ def test_rank0_refuses_when_it_runs_elsewhere(environ, refused):
     env = resolve_launch_env(environ, argv=["train.py"], check=False)
     hosts = ["node1", "node2"]
     if not refused:
-        _check_rank0_here(env, environ, hosts)
+        check_rank0_here(env, environ, hosts)
         return
     with pytest.raises(LaunchError) as err:
-        _check_rank0_here(env, environ, hosts)
+        check_rank0_here(env, environ, hosts)
     assert str(err.value).startswith("rank 0 runs on node2, not on node1"), err.value

@@ -472,13 +472,13 @@ ERROR_CASES = [
         "double-spawn-torchrun",
         {**slurm_step(1, 1, 0, 4, "n[1-2]", "2(x2)"), **torchrun_worker(1, 1, 8, 2, 1, 4)},
         {},
-        ["double spawn", "SLURM_STEP_TASKS_PER_NODE", "LOCAL_WORLD_SIZE", "--ntasks-per-node=1"],
+        ["double spawn", "SLURM_STEP_TASKS_PER_NODE", "LOCAL_WORLD_SIZE", "--ntasks=$SLURM_NNODES"],
     ),
     (
         "double-spawn-mp.spawn",
         slurm_step(1, 1, 0, 4, "n[1-2]", "2(x2)"),
         {"spawn_index": 0, "spawn_nprocs": 2},
-        ["double spawn", "SLURM_STEP_TASKS_PER_NODE", "mp.spawn"],
+        ["double spawn", "SLURM_STEP_TASKS_PER_NODE", "mp.spawn", "--ntasks=$SLURM_NNODES"],
     ),
     (
         "mp.spawn-inside-torchrun",
