@@ -5,7 +5,7 @@
   explicit --export (here SBATCH_EXPORT=ALL) still wins. Lessons 01 and 03's job scripts run
   to the end there.
 - ``shared-tmp``: no job_container/tmpfs, so every job sees the same /tmp. Lesson 08's job stages
-  into a folder of its own there and leaves nothing behind.
+  into a folder of its own there and leaves nothing behind; lessons 01 and 03 run to the end.
 
 Each test starts the cluster in its profile under the cluster lock and puts it back in the
 default profile at the end. Marked ``sites``: make test-sites.
@@ -72,7 +72,17 @@ def test_shared_tmp_site(cluster, tmp_path):
         _, seen = submit_job(tmp_path, reader, timeout=60)
         status08, out08 = submit_job(tmp_path, ROOT / "lessons/08_data_pipeline/job.sh",
                                      "--max-steps", "8", "--workers", "1", timeout=300)  # fmt: skip
+        status01, out01 = submit_job(tmp_path, ROOT / "lessons/01_hello_allreduce/job.sh",
+                                     timeout=240)  # fmt: skip
+        status03, out03 = submit_job(tmp_path, ROOT / "lessons/03_ddp_mnist/job.sh", "1",
+                                     "--train-subset", "1024", "--test-subset", "256",
+                                     timeout=300)  # fmt: skip
     assert status == 0 and seen.strip() == "seen", (out, seen)  # one job's /tmp is the next's
+    assert status01 == 0 and "all 4 ranks hold the expected sum" in out01, out01
+    saved = re.search(r"^epochs 1, checkpoint (\S+)$", out03, re.M)
+    if saved:
+        Path(saved[1]).unlink(missing_ok=True)
+    assert status03 == 0 and "world size 4 (2 node(s) x 2)" in out03, out03
     assert status08 == 0, out08
     staged = re.search(r"(/tmp/mnist-files-\d+)", out08)
     assert staged, out08
