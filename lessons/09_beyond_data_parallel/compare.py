@@ -59,6 +59,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--forms", type=lambda s: s.split(","), default=list(FORMS),
                    help=f"comma-separated, from {','.join(FORMS)}")  # fmt: skip
     p.add_argument("--steps", type=int, default=10, help="timed steps per form, after 3 untimed")
+    p.add_argument("--no-header", action="store_true",
+                   help="print the rows only (compare.sh runs each form in a step of its own)")
     p.add_argument("--batch-size", type=int, default=16, help="global: sequences per step")
     p.add_argument("--microbatches", type=int, default=4, help="PP: microbatches per step")
     p.add_argument("--seq-len", type=int, default=64)
@@ -320,7 +322,7 @@ def run(args, env, device) -> int:
     node_of = [int(n) for n in nodes]
     params = sum(p.numel() for p in TinyLM(args.dim, args.heads, args.hidden, args.layers,
                                            args.seq_len).parameters())  # fmt: skip
-    if env.rank == 0:
+    if env.rank == 0 and not args.no_header:
         print(f"{world} ranks on {env.num_nodes} node(s), backend {dist.get_backend()}; TinyLM "
               f"{params / 1e6:.2f} M parameters ({params * 4 / MIB:.2f} MiB fp32); global batch "
               f"{args.batch_size} x {args.seq_len} bytes; AdamW; {args.steps} timed steps after "
@@ -331,21 +333,16 @@ def run(args, env, device) -> int:
         print(f"{'form':<6} {'layout':<44} {'memory MiB':>10} {'sent MiB':>9} {'gloo MiB':>9} "
               f"{'across':>7} {'step s':>7} {'loss 1':>7} {'loss ' + str(args.steps + 3):>7}",
               flush=True)  # fmt: skip
-    counts = {}
     for form in args.forms:
         m = measure(form, args, env, device, node_of)
         gc.collect()  # the form's model, optimizer and groups' tensors go before the next
         layout = LAYOUT[form].format(w=world, layers=args.layers, m=args.microbatches,
                                      t=env.local_world_size, n=world // env.local_world_size)
-        counts[form] = m["counts"]
         if env.rank == 0:
             print(f"{form:<6} {layout:<44} {m['held'] / MIB:10.2f} {m['ring'] / MIB:9.2f} "
                   f"{m['gloo'] / MIB:9.2f} {m['across'] / MIB:7.2f} {m['step']:7.3f} "
                   f"{m['loss1']:7.4f} {m['lossn']:7.4f}", flush=True)  # fmt: skip
-    if env.rank == 0:
-        print("collectives of one step on rank 0:", flush=True)
-        for form, text in counts.items():
-            print(f"  {form:<6} {text}", flush=True)
+            print(f"{'':<6} collectives of one step on rank 0: {m['counts']}", flush=True)
     return 0
 
 

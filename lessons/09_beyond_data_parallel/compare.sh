@@ -6,10 +6,15 @@
 #
 #   sbatch lessons/09_beyond_data_parallel/compare.sh                  # from the course root
 #   STEPS=2 sbatch lessons/09_beyond_data_parallel/compare.sh          # fewer timed steps (10)
-#   sbatch lessons/09_beyond_data_parallel/compare.sh --forms ddp,pp   # more arguments: compare.py
+#   FORMS="ddp pp" sbatch lessons/09_beyond_data_parallel/compare.sh   # some of the forms
+#   sbatch lessons/09_beyond_data_parallel/compare.sh --dim 256        # more arguments: compare.py
+#
+# Each form runs in a job step of its own: fresh processes, so that one form's process groups,
+# hooks and DTensor state never meet the next's (one process running all five, as torchrun
+# does in the README, has ended in a crash inside gloo on the local cluster).
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
-# (`#SBATCH --gpus-per-task=1`): compare.py then picks cuda:<local rank> and NCCL, and the
+# (`#SBATCH --gpus-per-task=1`): compare.py then takes the GPU Slurm gave the task and NCCL, and the
 # step times include NVLink inside a node and the network between them (a bigger model,
 # --dim 1024 --hidden 4096 --layers 8, makes the comparison worth reading there).
 #SBATCH --job-name=compare
@@ -31,7 +36,12 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST: $SLURM_NNO
 # Where the processes meet: rank 0's node and a port derived from the job id (common/env.py).
 eval "$(python -m common.env --export)"
 
-# One job step, every form in turn: the ranks build each form's model and process groups,
-# measure it, and free it before the next. (Slurm 22.05 to 23.02: pass --cpus-per-task.)
-srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
-    python "$COURSE_ROOT/lessons/09_beyond_data_parallel/compare.py" --steps "${STEPS:-10}" "$@"
+# A job step per form, one after the other, all on the same 4 tasks' CPUs and rank 0's port.
+# (Slurm 22.05 to 23.02: pass --cpus-per-task.)
+header=()  # the first step prints the table's header, the others their rows
+for form in ${FORMS:-ddp fsdp2 tp pp 2d}; do
+    srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
+        python "$COURSE_ROOT/lessons/09_beyond_data_parallel/compare.py" --steps "${STEPS:-10}" \
+        --forms "$form" "${header[@]}" "$@"
+    header=(--no-header)
+done
