@@ -66,11 +66,13 @@ def test_sstat_reports_a_running_step(cluster, cluster_lock, tmp_path):
     with cluster_lock():
         job = slurm(
             "sbatch", "--parsable", f"--output={tmp_path}/sstat.out", "--wrap",
-            "srun python3 -c 'import time; b = b\"x\" * (200 << 20); time.sleep(20)'",
+            # Long enough to be seen on a loaded machine (JobAcctGatherFrequency samples every
+            # 5 s); the job is cancelled as soon as sstat has shown it.
+            "srun python3 -c 'import time; b = b\"x\" * (200 << 20); time.sleep(120)'",
         ).split(";")[0].strip()  # fmt: skip
         try:
             rss = None
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + 100
             while time.monotonic() < deadline and not rss:
                 proc = subprocess.run(
                     ["sstat", "-n", "-P", "-j", f"{job}.0", "--format=JobID,MaxRSS,NTasks"],
