@@ -18,6 +18,7 @@ one machine (CPU, gloo), from the course root with the venv active:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import re
 import shutil
@@ -459,6 +460,10 @@ def main(argv=None) -> int:
         return 2
     finally:
         dist.destroy_process_group()  # frees the group's resources (it is not a barrier)
+        # What still points at the destroyed group (the sharded model, DTensors in reference
+        # cycles) goes now: left to interpreter exit, gloo's threads can abort the process
+        # (exit -6), as in lesson 03's train.py.
+        gc.collect()
 
 
 if __name__ == "__main__":
