@@ -226,7 +226,10 @@ def run(
         if proc.returncode:
             print(f"[exit status {proc.returncode}]")
     if expect is not None and proc.returncode != expect:
-        raise RuntimeError(f"{shown!r} exited with {proc.returncode}, expected {expect}")
+        # The last lines too: a test runner (nbval) shows the exception, not the cell's output.
+        tail = "\n".join(output.splitlines()[-15:])
+        raise RuntimeError(f"{shown!r} exited with {proc.returncode}, expected {expect}; its "
+                           f"last lines:\n{tail}")  # fmt: skip
     return Result(shown, proc.returncode, output)
 
 
