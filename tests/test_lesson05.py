@@ -174,9 +174,11 @@ def test_sample_outputs_in_the_lesson_folder():
 
 def release_after_requeue(job_id, restarts):
     """Wait for the requeue. SLURM holds a requeued job for AuthInfo's cred_expire (10 s here,
-    cluster/slurm.conf.in says why it must not be released sooner), then starts it again."""
+    cluster/slurm.conf.in says why it must not be released sooner), then starts it again. The
+    count is what tells: by the time a preempting job has ended, the requeued job may already
+    run again, so its state may never be seen PENDING."""
     wait_for(f"requeue {restarts}", lambda: (r := job_record(job_id)) and
-             int(r.get("Restarts", 0)) >= restarts and r["JobState"] == "PENDING", 90)  # fmt: skip
+             int(r.get("Restarts", 0)) >= restarts, 90)  # fmt: skip
 
 
 # 110 steps: the two stops come at about steps 30 and 50-60, and the last run does the rest.
