@@ -10,8 +10,8 @@
 #   sbatch lessons/09_beyond_data_parallel/compare.sh --dim 256        # more arguments: compare.py
 #
 # Each form runs in a job step of its own: fresh processes, so that one form's process groups,
-# hooks and DTensor state never meet the next's (one process running all five, as torchrun
-# does in the README, has ended in a crash inside gloo on the local cluster).
+# hooks and DTensor state never meet the next's (one process running all five has ended in a
+# crash inside gloo on the local cluster; the README's torchrun line runs one form).
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
 # (`#SBATCH --gpus-per-task=1`): compare.py then takes the GPU Slurm gave the task and NCCL, and the
