@@ -338,11 +338,6 @@ def format_ranks(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def busbw_allreduce(algbw: float, world_size: int) -> float:
-    """nccl-tests' bus bandwidth of an all_reduce: algbw x 2(n-1)/n (doc/PERFORMANCE.md)."""
-    return algbw * 2 * (world_size - 1) / world_size if world_size > 1 else algbw
-
-
 # --------------------------------------------------------------------------- this task
 
 

@@ -54,6 +54,7 @@ def test_sizes_and_busbw():
     assert allreduce_bench.parse_size("256M") == 256 << 20
     assert allreduce_bench.sizes(1024, 16384) == [1024, 4096, 16384]
     assert allreduce_bench.busbw(3.0, 4) == pytest.approx(4.5)  # 2(n-1)/n = 1.5
+    assert allreduce_bench.busbw(3.0, 1) == 0  # one rank sends nothing (nccl-tests: 0 too)
     with pytest.raises(Exception, match="not a size"):
         allreduce_bench.parse_size("lots")
 

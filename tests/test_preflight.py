@@ -64,12 +64,6 @@ def test_loopback_and_rank_ranges():
     assert preflight.format_ranks([3]) == "3"
 
 
-def test_busbw_is_nccl_tests_definition():
-    assert preflight.busbw_allreduce(10.0, 2) == pytest.approx(10.0)
-    assert preflight.busbw_allreduce(10.0, 4) == pytest.approx(15.0)
-    assert preflight.busbw_allreduce(10.0, 1) == pytest.approx(10.0)
-
-
 def test_interfaces_of_this_machine_include_loopback():
     found = {i["name"]: i for i in preflight.interfaces()}
     assert found["lo"]["loopback"] and found["lo"]["ipv4"] == "127.0.0.1"

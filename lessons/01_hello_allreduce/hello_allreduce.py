@@ -53,21 +53,25 @@ def worker(index: int | None, nprocs: int, break_rank: int | None) -> None:
     # Who am I? Under `job.sh` SLURM tells common/ the node index and we add the spawn
     # index: global rank = node index * processes per node + local index.
     # Under `job_task_per_gpu.sh` SLURM numbered every process itself (SLURM_PROCID).
-    if index is None:
-        env = resolve_launch_env()
-    else:
-        env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
     # The set-up every lesson script starts with: this process's share of the CPUs, its GPU
     # (set before the group, so NCCL builds its communicator there), and the process group:
     # rank 0 hosts a small key-value store at MASTER_ADDR:MASTER_PORT, every rank connects to
     # it, and the group is ready once all world_size ranks have (or the timeout has passed).
-    torch.set_num_threads(cpu_threads(env))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
-        torch.cuda.set_device(device)
-    else:
-        check_cuda_usable()
-        device = torch.device("cpu")
+    try:
+        if index is None:
+            env = resolve_launch_env()
+        else:
+            env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
+        torch.set_num_threads(cpu_threads(env))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        else:
+            check_cuda_usable()
+            device = torch.device("cpu")
+    except LaunchError as exc:  # a launch mistake (two ranks on one GPU, say): one line each
+        print(f"hello_allreduce: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://{env.master_addr}:{env.master_port}",

@@ -25,6 +25,7 @@ from torch.multiprocessing.spawn import ProcessException
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from common.env import (
+    LaunchError,
     check_cuda_usable,
     cpu_threads,
     cuda_device_index,
@@ -57,14 +58,18 @@ def worker(index: int, nprocs: int, steps: int) -> None:
     # A spawned child knows only its index; common/ turns it into rank, world size and the
     # address of the process that hosts the rendezvous. Then the set-up every DDP script
     # starts with: this process's threads and device, and the process group.
-    env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
-    torch.set_num_threads(cpu_threads(env))
-    if torch.cuda.is_available():
-        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
-        torch.cuda.set_device(device)
-    else:
-        check_cuda_usable()
-        device = torch.device("cpu")
+    try:
+        env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
+        torch.set_num_threads(cpu_threads(env))
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)
+        else:
+            check_cuda_usable()
+            device = torch.device("cpu")
+    except LaunchError as exc:  # a launch mistake (two ranks on one GPU, say): one line each
+        print(f"spawn_warmup: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
     dist.init_process_group(
         backend="nccl" if device.type == "cuda" else "gloo",
         init_method=f"tcp://{env.master_addr}:{env.master_port}",

@@ -60,8 +60,9 @@ def sizes(min_bytes: int, max_bytes: int, factor: int = 4) -> list[int]:
 
 
 def busbw(algbw: float, ranks: int) -> float:
-    """nccl-tests' bus bandwidth of an all_reduce: algbw x 2(n-1)/n."""
-    return algbw * 2 * (ranks - 1) / ranks if ranks > 1 else algbw
+    """nccl-tests' bus bandwidth of an all_reduce: algbw x 2(n-1)/n, so 0 for one rank, whose
+    all_reduce sends nothing (its all_reduce.cu, AllReduceGetBw)."""
+    return algbw * 2 * (ranks - 1) / ranks
 
 
 def iterations_for(size: int) -> int:
@@ -152,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
               f"sum; time per call as the slowest rank saw it", flush=True)
         print(f"# {'size (B)':>12} {'count':>10} {'time (us)':>11} {'algbw (GB/s)':>13} "
               f"{'busbw (GB/s)':>13}", flush=True)
+        if n == 1:
+            print("# 1 rank: nothing leaves this process, so busbw is 0 (as nccl-tests counts "
+                  "it) and the times are the call's own cost; run 2 or more ranks", flush=True)
     for size in sizes(args.min_bytes, args.max_bytes):
         buffer = torch.ones(size // 4, dtype=torch.float32, device=device)
         seconds = time_allreduce(buffer, iterations_for(size))

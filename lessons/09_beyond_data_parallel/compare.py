@@ -360,11 +360,15 @@ def main(argv=None) -> int:
         if env.rank == 0:
             print(f"error: {why}", file=sys.stderr, flush=True)
         return 2
-    if torch.cuda.is_available():
-        device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
-        torch.cuda.set_device(device)  # before the group: NCCL, DTensor and the sends use it
-    else:
-        device = torch.device("cpu")
+    try:
+        if torch.cuda.is_available():
+            device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
+            torch.cuda.set_device(device)  # before the group: NCCL, DTensor and the sends use it
+        else:
+            device = torch.device("cpu")
+    except LaunchError as exc:  # two ranks on one GPU, say
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     torch.set_num_threads(1)
     # FSDP2 warns that the root returns a view (the logits): nothing changes it in place.
     warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
