@@ -22,7 +22,7 @@ help:
 	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 and 26.05"
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
 	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
-	@echo "make test-long     the longest cluster jobs (lesson 05's preemption), outside make test"
+	@echo "make test-long     the longest cluster jobs (preemption, requeues), outside make test"
 	@echo "make test-scale    real job sizes: the preflight at 34 and 64 ranks, lessons 01 and 03 at 34"
 	@echo "make test-readme   the READMEs' quick commands, run as written (outside make test)"
 	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, rank 0 elsewhere, GPU binding)"
@@ -94,7 +94,7 @@ lint: venv system
 # make test-lesson09, make test-sites; and so do the longest jobs (marked long): make test-long,
 # and the READMEs' commands run as written (marked readme): make test-readme.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup -m "not lesson09 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup --durations=30 -m "not lesson09 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
 # (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation

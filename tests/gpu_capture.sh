@@ -6,10 +6,13 @@
 # their GPU samples (lessons/NN_*/gpu-<card>-*.out).
 #
 #   bash tests/gpu_capture.sh OUTDIR          # from the course root, the venv active
+#   bash tests/gpu_capture.sh OUTDIR ddp-mnist preflight    # only the runs named
 #
 # Needs MNIST in data/mnist (python -m common.mnist_prepare) and a CUDA torch that sees a GPU.
 set -uo pipefail
-out=${1:?usage: bash tests/gpu_capture.sh OUTDIR}
+out=${1:?usage: bash tests/gpu_capture.sh OUTDIR [NAME...]}
+shift
+only=" $* "
 mkdir -p "$out" || exit 2
 py=${PYTHON:-python}
 command -v "$py" >/dev/null || { echo "error: no '$py' on PATH: activate the venv or set PYTHON=<python>" >&2; exit 2; }
@@ -27,6 +30,7 @@ echo "GPUs visible: $gpus (${card:-no nvidia-smi}); $versions"
 run() {
     local name=$1 limit=$2 rc
     shift 2
+    [[ $only == "  " || $only == *" $name "* ]] || return 0
     {
         echo "# GPU capture: $card; $versions (requirements.txt: $pinned)"
         echo "# one machine, no Slurm: the job script's Python, started as below (tests/gpu_capture.sh)"

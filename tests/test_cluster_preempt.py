@@ -67,6 +67,7 @@ def short_grace_time(partition, seconds):
         slurm("scontrol", "update", f"PartitionName={partition}", f"GraceTime={before}")
 
 
+@pytest.mark.long  # about 60 s of grace time and requeues: make test-long (and make test-slurm)
 @pytest.mark.timeout(420)
 def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp_path):
     script = tmp_path / "victim.sh"

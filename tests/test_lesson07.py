@@ -231,6 +231,7 @@ def test_sample_outputs_in_the_lesson_folder():
 
 
 
+@pytest.mark.long  # about 60 s: a job, its requeue and its resume (make test-long, test-slurm)
 @pytest.mark.timeout(300)
 def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, tmp_path):
     out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"

@@ -150,14 +150,14 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
     sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
     for epoch in range(args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
-        waited = computed = 0.0
+        waited = computed = passes = 0.0
         loss_sum = torch.zeros(2, dtype=torch.float64, device=device)
         profiler = start_profiler(args, env, device) if epoch == 0 else None
         batches = iter(loader)
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
             if step == 6:  # the first steps start the workers and fill their queues
-                t_steady, waited_before, computed_before = time.perf_counter(), waited, computed
+                t_steady, before = time.perf_counter(), (waited, computed, passes)
             t = time.perf_counter()
             images, labels = next(batches)  # waits only if the workers are behind
             images = normalize(images.to(device, non_blocking=True))  # uint8 over the bus
@@ -166,6 +166,8 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
             loss = F.cross_entropy(ddp_model(images), labels)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()  # DDP's all-reduces run here, overlapped with the backward pass
+            sync()
+            passes += time.perf_counter() - t_data  # forward + backward, all-reduces included
             optimizer.step()
             scheduler.step()
             sync()  # GPU work is queued: wait for it, or the timer measures the queueing
@@ -184,12 +186,12 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
         if steps > 5:
             n = steps - 5
             rate = n * per_rank_batch * env.world_size / (t_end - t_steady)
-            ms_data = 1000 * (waited - waited_before) / n
-            ms_step = 1000 * (computed - computed_before) / n
+            ms_data, ms_step, ms_passes = (1000 * (now - then) / n for now, then in zip(
+                (waited, computed, passes), before, strict=True))  # fmt: skip
             line += (f" | {rate:.0f} images/s | per step: data {ms_data:.1f} ms, "
                      f"compute+communication {ms_step:.1f} ms")  # fmt: skip
             alone = compute_only_ms(ddp_model, model, images, labels, sync)
-            line += f" (of which communication ~{max(ms_step - alone, 0.0):.1f} ms)"
+            line += f" (of which communication ~{max(ms_passes - alone, 0.0):.1f} ms)"
         line += f" | epoch_time {t_end - t0:.1f}s"
         print0(line)
         if steps > 5 and args.max_steps:
@@ -203,8 +205,9 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
 
 def compute_only_ms(ddp_model, model, images, labels, sync, repeat: int = 5) -> float:
     """The last step's forward and backward again, without DDP's gradient all-reduce
-    (no_sync), in ms: the step with (almost) no communication; the difference with the real
-    step is what communicating cost. Gradients and BatchNorm statistics are put back after."""
+    (no_sync), in ms: the passes with (almost) no communication; the difference with the real
+    step's passes is what communicating cost (not the optimizer's step, timed in neither).
+    Gradients and BatchNorm statistics are put back after."""
     buffers = [b.clone() for b in model.buffers()]
     sync()
     t = time.perf_counter()
