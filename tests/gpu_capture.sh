@@ -62,7 +62,9 @@ t = torch.ones(1, device="cuda")
 dist.all_reduce(t)
 print(f"rank {dist.get_rank()}: all_reduce gave {t.item()}")
 dist.destroy_process_group()'
-# Lesson 06: the preflight, NCCL check included, and the all_reduce benchmark.
+# Lesson 06: what NCCL_DEBUG=INFO prints (its version, network, communicators) ...
+run nccl-debug-info 90 env NCCL_DEBUG=INFO "${tr[@]}" lessons/01_hello_allreduce/hello_allreduce.py
+# ... the preflight, NCCL check included, and the all_reduce benchmark.
 run preflight 120 "${tr[@]}" -m common.preflight
 run allreduce-bench 120 "${tr[@]}" lessons/06_diagnosing_hangs/allreduce_bench.py --max-bytes 1G
 # Lesson 03: DDP MNIST, the job's recipe (3 epochs): time to 99 % on a GPU.
