@@ -11,14 +11,11 @@ atomic, so the next run finds either the previous checkpoint or the new one, nev
 A checkpoint can still be damaged (a full disk, a copy cut short, a file from another program).
 ``load_checkpoint`` then raises :class:`CheckpointError` with one line that names the file and
 the fix, instead of a 60-line unpickling traceback on every rank.
-
-``rng_states`` / ``set_rng_states`` carry the random number generators across a restart.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -92,31 +89,3 @@ def load_checkpoint(
                 f"{key}={want!r}: run with the same settings to continue it, or {fix}"
             )
     return state
-
-
-def rng_states() -> dict:
-    """The random number generators of this process (CPU, Python, and this process's GPU)."""
-    states = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state()  # the current device: this rank's GPU
-    return states
-
-
-def set_rng_states(states: Mapping) -> None:
-    """Restore :func:`rng_states`.
-
-    The CUDA state, when saved, goes to this process's current GPU only, so a job resumed with
-    fewer visible GPUs than the one that saved (or on CPU) still starts. A checkpoint holding one
-    state per visible GPU (a list) gives this GPU its own entry if it has one, else nothing.
-    """
-    torch.set_rng_state(states["torch"])
-    random.setstate(states["python"])
-    cuda = states.get("cuda")
-    if cuda is None or not torch.cuda.is_available():
-        return
-    if isinstance(cuda, (list, tuple)):
-        index = torch.cuda.current_device()
-        if index >= len(cuda):
-            return
-        cuda = cuda[index]
-    torch.cuda.set_rng_state(cuda)

@@ -45,9 +45,9 @@ def _places(base):
     yield {"file": private, "folder": base / "closed" / NAME, "missing": base / "none" / NAME}
 
 
-CHECK = ("import sys; sys.path.insert(0, sys.argv[2]); from common.mnist import check_file, "
-         "MnistDataError\ntry:\n    check_file(sys.argv[1])\nexcept MnistDataError as e:\n"
-         "    print(e)")  # fmt: skip
+CHECK = ("import sys; sys.path.insert(0, sys.argv[2]); from common.mnist_prepare import "
+         "MnistDataError, check_file\ntry:\n    check_file(sys.argv[1])\n"
+         "except MnistDataError as e:\n    print(e)")  # fmt: skip
 SAID = {
     "file": ["cannot be read: the file (-rw------- root:root) may not be read by student"],
     "folder": ["cannot be read: the folder", "(drwx------ root:root) may not be entered by"],

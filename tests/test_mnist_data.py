@@ -20,8 +20,8 @@ def data_dir() -> Path:
 
 
 def test_prepared_files_match_published_md5(data_dir):
-    for name, want in mnist.MD5.items():
-        assert mnist.md5sum(mnist.raw_dir(data_dir) / name) == want, name
+    for name, want in mnist_prepare.MD5.items():
+        assert mnist_prepare.md5sum(mnist.raw_dir(data_dir) / name) == want, name
 
 
 def test_loader_shapes_and_labels(data_dir):
@@ -62,7 +62,7 @@ def test_corrupted_copy_cli_error_then_force_repairs(data_dir, tmp_path):
     fixed = subprocess.run(cmd + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stderr
     fixed_file = mnist.raw_dir(copy) / "t10k-labels-idx1-ubyte"
-    assert mnist.md5sum(fixed_file) == mnist.MD5["t10k-labels-idx1-ubyte"]
+    assert mnist_prepare.md5sum(fixed_file) == mnist_prepare.MD5["t10k-labels-idx1-ubyte"]
 
 
 def test_truncated_file_is_reported(data_dir, tmp_path):
@@ -86,10 +86,38 @@ def test_rebuild_from_package_into_empty_folder(tmp_path):
     target = tmp_path / "fresh"
     env_dir = mnist_prepare.prepare(target, download=False, log=lambda *_: None)
     assert env_dir == target
-    for name, want in mnist.MD5.items():
-        assert mnist.md5sum(mnist.raw_dir(target) / name) == want
+    for name, want in mnist_prepare.MD5.items():
+        assert mnist_prepare.md5sum(mnist.raw_dir(target) / name) == want
 
 
 def test_mnist_dir_env_var(tmp_path, monkeypatch):
     monkeypatch.setenv("MNIST_DIR", str(tmp_path / "elsewhere"))
     assert mnist.default_data_dir() == tmp_path / "elsewhere"
+
+
+CARRIED = (
+    "import sys; sys.path.insert(0, sys.argv[1])\n"
+    "from common.mnist import MnistDataError, load_mnist\n"
+    "try:\n    x, y = load_mnist(train=False, data_dir=sys.argv[2])\n    print('loaded', len(x))\n"
+    "except MnistDataError as e:\n    print('error:', e)\n"
+)
+
+
+@pytest.mark.parametrize("present", [True, False], ids=["data", "no data"])
+def test_mnist_py_carried_alone_reads_or_says_why(tmp_path, data_dir, present):
+    """A project that took common/mnist.py without mnist_prepare.py: torchvision reads the files
+    unchecked, and a missing file is one line, not torchvision's traceback."""
+    carried = tmp_path / "project" / "common"
+    carried.mkdir(parents=True)
+    (carried / "__init__.py").write_text("")
+    shutil.copy(ROOT / "common" / "mnist.py", carried)
+    root = data_dir if present else tmp_path / "empty"
+    proc = subprocess.run([sys.executable, "-c", CARRIED, str(carried.parent), str(root)],
+                          capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin"})
+    assert proc.returncode == 0, proc.stderr
+    if present:
+        assert proc.stdout.strip() == "loaded 10000", proc.stdout
+    else:
+        lines = proc.stdout.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: MNIST is not in "), proc.stdout
+        assert "python -m common.mnist_prepare" in lines[0]

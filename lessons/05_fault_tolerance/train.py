@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import random
 import signal
 import socket
 import sys
@@ -32,13 +33,7 @@ from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
-from common.checkpoint import (
-    CheckpointError,
-    load_checkpoint,
-    rng_states,
-    save_checkpoint,
-    set_rng_states,
-)
+from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.env import (
     LaunchError,
     check_cuda_usable,
@@ -101,6 +96,34 @@ def make_deterministic() -> None:
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
+
+
+def rng_states() -> dict:
+    """The random number generators of this process (CPU, Python, and this process's GPU)."""
+    states = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state()  # the current device: this rank's GPU
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    """Restore :func:`rng_states`.
+
+    The CUDA state, when saved, goes to this process's current GPU only, so a job resumed with
+    fewer visible GPUs than the one that saved (or on CPU) still starts. A checkpoint holding one
+    state per visible GPU (a list) gives this GPU its own entry if it has one, else nothing.
+    """
+    torch.set_rng_state(states["torch"])
+    random.setstate(states["python"])
+    cuda = states.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, (list, tuple)):
+        index = torch.cuda.current_device()
+        if index >= len(cuda):
+            return
+        cuda = cuda[index]
+    torch.cuda.set_rng_state(cuda)
 
 
 def settle_gradient_buckets(ddp_model: DDP, sample: torch.Tensor) -> None:
