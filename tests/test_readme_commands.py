@@ -612,9 +612,9 @@ def test_collection_finds_every_readme_command():
         "lessons/07_fsdp_sharding/README.md": 5, "lessons/08_data_pipeline/README.md": 7,
         "lessons/09_beyond_data_parallel/README.md": 7,
     }, counts
-    assert Command("lessons/03_ddp_mnist/README.md", 42, "sbatch lessons/03_ddp_mnist/job.sh") \
+    assert Command("lessons/03_ddp_mnist/README.md", 44, "sbatch lessons/03_ddp_mnist/job.sh") \
         in commands
-    assert Command("lessons/03_ddp_mnist/README.md", 44,
+    assert Command("lessons/03_ddp_mnist/README.md", 46,
                    "sbatch lessons/03_ddp_mnist/job.sh 2 --sync-bn", GPU_ONLY) in commands
     assert job_of("CHECKPOINT=checkpoints/mine.pt sbatch lessons/03_ddp_mnist/job.sh 3") == Job(
         (), "lessons/03_ddp_mnist/job.sh", ("3",), (("CHECKPOINT", "checkpoints/mine.pt"),))
