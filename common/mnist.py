@@ -51,8 +51,9 @@ def load_mnist(
 
     root = Path(data_dir) if data_dir is not None else default_data_dir()
     checks = _prepare_module() if verify else None
-    for name in SPLIT_FILES[train] if checks else ():
-        checks.check_file(raw_dir(root) / name)
+    if checks:
+        for name in SPLIT_FILES[train]:
+            checks.check_file(raw_dir(root) / name)
     try:
         dataset = MNIST(root, train=train, download=False)
     except RuntimeError as exc:  # torchvision's "Dataset not found. You can use download=True"

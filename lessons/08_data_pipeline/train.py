@@ -157,7 +157,8 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
         t0 = time.perf_counter()
         for step in range(1, steps + 1):
             if step == 6:  # the first steps start the workers and fill their queues
-                t_steady, before = time.perf_counter(), (waited, computed, passes)
+                t_steady = time.perf_counter()
+                waited_before, computed_before, passes_before = waited, computed, passes
             t = time.perf_counter()
             images, labels = next(batches)  # waits only if the workers are behind
             images = normalize(images.to(device, non_blocking=True))  # uint8 over the bus
@@ -186,8 +187,9 @@ def train(args: argparse.Namespace, env, device: torch.device, cpus: int) -> Non
         if steps > 5:
             n = steps - 5
             rate = n * per_rank_batch * env.world_size / (t_end - t_steady)
-            ms_data, ms_step, ms_passes = (1000 * (now - then) / n for now, then in zip(
-                (waited, computed, passes), before, strict=True))  # fmt: skip
+            ms_data = 1000 * (waited - waited_before) / n
+            ms_step = 1000 * (computed - computed_before) / n
+            ms_passes = 1000 * (passes - passes_before) / n  # forward + backward only
             line += (f" | {rate:.0f} images/s | per step: data {ms_data:.1f} ms, "
                      f"compute+communication {ms_step:.1f} ms")  # fmt: skip
             alone = compute_only_ms(ddp_model, model, images, labels, sync)
