@@ -16,9 +16,10 @@ MEM=256000
 WAIT_S=${COURSE_CLUSTER_WAIT_S:-60}
 CHECK_ONLY=0
 # The site the cluster plays (--site): strict (per-job /tmp, sbatch's own --export=ALL default),
-# export-none (sbatch defaults to --export=NONE), shared-tmp (no per-job /tmp). cluster/README.md.
+# export-none (sbatch defaults to --export=NONE), shared-tmp (no per-job /tmp), rank0-elsewhere
+# (topology/tree, the upper half of the nodes on the first switch). cluster/README.md.
 SITE=${COURSE_CLUSTER_SITE:-strict}
-SITES="strict export-none shared-tmp"
+SITES="strict export-none shared-tmp rank0-elsewhere"
 # The version: --slurm, else COURSE_SLURM_VERSION (a test run or a shell that works with one
 # version throughout), else the default.
 SLURM_VERSION=${COURSE_SLURM_VERSION:-$SLURM_DEFAULT}
@@ -36,7 +37,9 @@ Running it again with the same shape changes nothing; another shape restarts the
                        $SLURM_DEFAULT, this machine's own packages; another runs from a Debian root
                        made once, see cluster/README.md)
   --site SITE          the site it plays: strict (default: a private /tmp per job), export-none
-                       (sbatch defaults to --export=NONE), shared-tmp (one /tmp for every job);
+                       (sbatch defaults to --export=NONE), shared-tmp (one /tmp for every job),
+                       rank0-elsewhere (a topology plugin: from Slurm 26.05 task 0 of a block
+                       distribution runs on the job's last node);
                        \$COURSE_CLUSTER_SITE sets the default (cluster/README.md, "Site profiles")
   --nodes N            number of nodes (default $NODES, at most 200)
   --gpus-per-node G    "GPUs" per node, bookkeeping only (default $GPUS, at most 16)
@@ -185,6 +188,11 @@ root_libdir() {
     die "no dynamic loader (usr/lib/*/ld-linux*.so.N) in $SLURM_ROOT: remove it and run up.sh again"
 }
 
+# node_range FIRST LAST: Slurm's host list of nodes FIRST..LAST ("node3", "node[1-4]").
+node_range() {
+    if (($1 == $2)); then echo "node$1"; else echo "node[$1-$2]"; fi
+}
+
 render_configs() {
     local i node_lines="" gres_lines="" node_list="node[1-$NODES]" gres=""
     ((NODES == 1)) && node_list=node1
@@ -220,7 +228,17 @@ render_configs() {
     # Sites make --export=NONE sbatch's default with a cli_filter (or SBATCH_EXPORT=NONE in the
     # login profile): the clients run cli_filter.lua, beside slurm.conf, before every submission.
     export-none) site_lines+=$'\n'"CliFilterPlugins=cli_filter/lua" ;;
+    # From 26.05 a step's tasks follow the topology plugin's order (CHANGELOG/slurm-26.05.md:
+    # "Tasks and step nodes now follow topology order by default when a topology plugin is
+    # configured"; topology/tree ranks nodes by leaf switch, topology_tree.c get_rank).
+    rank0-elsewhere) site_lines+=$'\n'"TopologyPlugin=topology/tree" ;;
     esac
+    TOPOLOGY_TEXT=""
+    if [[ $SITE == rank0-elsewhere ]]; then
+        local half=$(((NODES + 1) / 2))
+        TOPOLOGY_TEXT=$(render "$HERE/topology.conf.in" "LEAF1=$(node_range $((half + 1)) "$NODES")" \
+            "LEAF2=$(node_range 1 "$half")")
+    fi
     CLI_FILTER_TEXT=""
     [[ $SITE == export-none ]] && CLI_FILTER_TEXT=$(<"$HERE/cli_filter.lua.in")
     SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
@@ -315,6 +333,7 @@ already_up() {
     [[ -f $JOB_CONTAINER_CONF && $(<"$JOB_CONTAINER_CONF") == "$JOB_CONTAINER_CONF_TEXT" ]] ||
         return 1
     [[ $(cat "$CLI_FILTER_CONF" 2>/dev/null) == "$CLI_FILTER_TEXT" ]] || return 1
+    [[ $(cat "$TOPOLOGY_CONF" 2>/dev/null) == "$TOPOLOGY_TEXT" ]] || return 1
     [[ $(awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{on=1} on{print} $0==e{on=0}' "$HOSTS_FILE") == "$(hosts_block)" ]] ||
         return 1
     local i
@@ -676,7 +695,11 @@ printf '%s\n' "$GRES_CONF_TEXT" >"$GRES_CONF"
 printf '%s\n' "$CGROUP_CONF_TEXT" >"$CGROUP_CONF"
 printf '%s\n' "$JOB_CONTAINER_CONF_TEXT" >"$JOB_CONTAINER_CONF"
 chmod 644 "$SLURM_CONF" "$GRES_CONF" "$CGROUP_CONF" "$JOB_CONTAINER_CONF"
-rm -f "$CLI_FILTER_CONF"
+rm -f "$CLI_FILTER_CONF" "$TOPOLOGY_CONF"
+if [[ -n $TOPOLOGY_TEXT ]]; then
+    printf '%s\n' "$TOPOLOGY_TEXT" >"$TOPOLOGY_CONF"
+    chmod 644 "$TOPOLOGY_CONF"
+fi
 if [[ -n $CLI_FILTER_TEXT ]]; then
     printf '%s\n' "$CLI_FILTER_TEXT" >"$CLI_FILTER_CONF"
     chmod 644 "$CLI_FILTER_CONF"
@@ -718,3 +741,6 @@ started_ok=1
 echo "$SHAPE" >"$CLUSTER_ROOT/shape"
 elapsed=$(awk -v a="$start_time" -v b="$EPOCHREALTIME" 'BEGIN{printf "%.1f", b-a}')
 note "up in $elapsed s: $SHAPE; logs in $LOG_DIR"
+if [[ $SITE == rank0-elsewhere ]] && ! version_at_least 26.05; then
+    note "site rank0-elsewhere: Slurm $SLURM_VERSION lays a step's tasks out in host list order, not by topology (26.05 does): task 0 stays on the first node; --distribution=arbitrary moves it (cluster/README.md)"
+fi

@@ -5,8 +5,9 @@ The answer depends on who started the process; :func:`resolve_launch_env` looks,
 1. torchrun / torch.distributed.launch: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``, ``TORCHELASTIC_RUN_ID``
    (``RANK``/``WORLD_SIZE`` set by hand: launcher "env");
-2. srun: ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_*``
-   (the batch script is no task of any step: one process, however many tasks the job has);
+2. srun: ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_*``, numbering ranks
+   node by node as torchrun does (the batch script is no task of any step: one process, however
+   many tasks the job has);
 3. ``torch.multiprocessing.spawn``: the caller passes the child's index and the count;
 4. nothing: one plain process, rank 0 of 1.
 
@@ -59,7 +60,7 @@ class LaunchEnv:
     """This process's place in the job.  Where each field comes from, launcher by launcher:
     torchrun's variable / srun's variable / mp.spawn / a plain process."""
 
-    rank: int  # RANK / SLURM_PROCID / task * nprocs + index / 0
+    rank: int  # RANK / _SlurmStep.rank_by_node / task by node * nprocs + index / 0
     local_rank: int  # LOCAL_RANK / SLURM_LOCALID / ... ; rank on this node, picks the GPU
     world_size: int  # WORLD_SIZE / SLURM_STEP_NUM_TASKS / tasks * nprocs / 1
     local_world_size: int  # LOCAL_WORLD_SIZE / SLURM_STEP_TASKS_PER_NODE[node] / ... / 1
@@ -218,6 +219,17 @@ class _SlurmStep:
     def tasks_on_this_node(self) -> int:
         return self.tasks_per_node[self.nodeid]
 
+    @property
+    def rank_by_node(self) -> int:
+        """This task's rank, counted node by node in the step's host list, as torchrun numbers
+        its workers: rank 0 is the first task of the first host, the host every task names as
+        MASTER_ADDR, whatever order srun gave the tasks.  SLURM_PROCID follows that order
+        (srun(1) ``--distribution``: cyclic and plane deal tasks out across nodes, arbitrary
+        follows SLURM_HOSTFILE, and from Slurm 26.05 a topology plugin orders a block
+        distribution's nodes by switch, so task 0 can run on the step's last node); it equals
+        this number under the default block distribution without a topology plugin."""
+        return sum(self.tasks_per_node[: self.nodeid]) + self.localid
+
 
 def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     fix = "Start the job step with srun inside an sbatch/salloc allocation."
@@ -331,7 +343,8 @@ def _from_spawn(step, spawn_index, spawn_nprocs):
         # mp.spawn inside each srun task (normally one per node): rank = task * nprocs + index
         if step.tasks_on_this_node > 1 and spawn_nprocs > 1:
             raise _double_spawn_error(step, "mp.spawn (nprocs)", spawn_nprocs)
-        task, tasks, node_rank, num_nodes = step.procid, step.ntasks, step.nodeid, len(step.hosts)
+        task, tasks, node_rank = step.rank_by_node, step.ntasks, step.nodeid
+        num_nodes = len(step.hosts)
         local_base, tasks_here = step.localid, step.tasks_on_this_node
     return ("mp.spawn", task * spawn_nprocs + spawn_index, local_base * spawn_nprocs + spawn_index,
             tasks * spawn_nprocs, tasks_here * spawn_nprocs, node_rank, num_nodes)  # fmt: skip
@@ -388,7 +401,7 @@ def resolve_launch_env(
                               f"torchrun --nproc-per-node or mp.spawn, not both.")  # fmt: skip
         found = _from_torch_launcher(environ, argv, _ancestor_cmdlines(), step)
     elif step is not None and spawn_nprocs is None:
-        found = ("slurm", step.procid, step.localid, step.ntasks, step.tasks_on_this_node,
+        found = ("slurm", step.rank_by_node, step.localid, step.ntasks, step.tasks_on_this_node,
                  step.nodeid, len(step.hosts))  # fmt: skip
     elif spawn_nprocs is not None:
         found = _from_spawn(step, spawn_index, spawn_nprocs)
@@ -445,47 +458,18 @@ def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> No
 
 
 def _master_addr(environ, step, num_nodes) -> str:
-    """MASTER_ADDR, else the first host of the srun step, else this machine: its SLURM node
-    name (SLURMD_NODENAME, which a batch script can hand to other nodes), else 127.0.0.1."""
+    """MASTER_ADDR, else the first host of the srun step (where rank 0 runs: rank_by_node),
+    else this machine: its SLURM node name (SLURMD_NODENAME, which a batch script can hand to
+    other nodes), else 127.0.0.1."""
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
-    if step is not None or _arbitrary(environ):  # (the batch script of such a job: its steps)
-        return _rank0_host(environ, step)
+    if step is not None:
+        return step.hosts[0]
     if num_nodes == 1:
         return environ.get("SLURMD_NODENAME") or "127.0.0.1"
     raise LaunchError(f"MASTER_ADDR is not set and the job spans {num_nodes} nodes; export "
                       f"MASTER_ADDR=<host of rank 0> (or start the job with srun, which names "
                       f"the hosts).")  # fmt: skip
-
-
-def _arbitrary(environ: Mapping[str, str]) -> bool:
-    return environ.get("SLURM_DISTRIBUTION", "").split(":")[0] == "arbitrary"
-
-
-def _rank0_host(environ: Mapping[str, str], step: _SlurmStep | None) -> str:
-    """The node of the step's task 0, which hosts the rendezvous under ``env://``.
-
-    srun's block, cyclic and plane distributions put task 0 on the first node of the step.
-    ``--distribution=arbitrary`` places task i on the i-th host of the file SLURM_HOSTFILE names
-    (srun(1)), so task 0 can be on any node: the file says which. (Slurm 26.05 with a topology
-    plugin also orders tasks by topology: preflight.check_rank0_here says where rank 0 runs.)
-    """
-    if not _arbitrary(environ):
-        return step.hosts[0]
-    path = environ.get("SLURM_HOSTFILE", "")
-    fix = "put the host file where every node can read it, or export MASTER_ADDR=<rank 0's node>"
-    try:
-        entries = Path(path).read_text().replace(",", " ").split() if path else []
-    except OSError as exc:
-        raise LaunchError(
-            f"tasks are placed by --distribution=arbitrary, so rank 0 may run on any node, and "
-            f"SLURM_HOSTFILE={path!r}, which says where, cannot be read here ({exc.strerror}): "
-            f"{fix}."
-        ) from None
-    if not entries:
-        raise LaunchError(f"tasks are placed by --distribution=arbitrary but SLURM_HOSTFILE="
-                          f"{path!r} names no host, so where rank 0 runs is unknown: {fix}.")
-    return expand_hostlist(entries[0], "SLURM_HOSTFILE")[0]
 
 
 def _master_port(environ, job_id, world_size) -> int:

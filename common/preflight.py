@@ -185,18 +185,18 @@ def check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | No
 
 
 def check_rank0_here(env: LaunchEnv, environ: Mapping[str, str], hosts: Sequence[str]) -> None:
-    """Rank 0 hosts the store at MASTER_ADDR: when that is another node of the step (picked
-    from the step, or exported by the batch script, while the tasks ran in an order srun's
-    variables do not show), every rank would wait at the wrong host until the timeout. Say so
-    in seconds instead. (An address that is no node name of the step is left alone.)"""
+    """Rank 0 hosts the store at MASTER_ADDR, and common.env numbers ranks node by node, so
+    rank 0 runs on the step's first node.  A MASTER_ADDR naming another node of the step (set
+    by hand, or exported by a batch script for a step on part of the job's nodes) would have
+    every rank wait at a host where nothing listens until the timeout: say so in seconds.  (An
+    address that is no node name of the step is left alone.)"""
     node = environ.get("SLURMD_NODENAME", "")
     if env.rank != 0 or not node or node == env.master_addr or env.master_addr not in hosts:
         return
     raise LaunchError(
-        f"rank 0 runs on {node}, not on {env.master_addr}, the node every rank was told to meet "
-        f"it at (tasks not in block order: SLURM_DISTRIBUTION="
-        f"{environ.get('SLURM_DISTRIBUTION', '')!r}); start the step with --distribution=block, "
-        f"or export MASTER_ADDR=<rank 0's node>."
+        f"MASTER_ADDR={env.master_addr} but rank 0 runs on {node}, the first node of this step "
+        f"(ranks are numbered node by node, as torchrun does): unset MASTER_ADDR, or export "
+        f"MASTER_ADDR={node}."
     )
 
 

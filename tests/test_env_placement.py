@@ -1,11 +1,13 @@
-"""common.env: where rank 0 runs when srun does not place tasks in block order.
+"""common.env: rank 0 runs on the step's first node, whatever order srun gave the tasks.
 
-srun's block, cyclic and plane distributions put task 0 on the first node of the step; with
-``--distribution=arbitrary`` task i runs on the i-th host of SLURM_HOSTFILE (srun(1)), so rank
-0, which hosts the rendezvous under ``env://``, can be on any node. Table-driven, as SLURM sets
-the variables (the step of ``SLURM_HOSTFILE=hosts srun -n4 --distribution=arbitrary``, measured on
-the local cluster: every task sees SLURM_DISTRIBUTION=arbitrary and the file's path). The jobs
-themselves run in tests/test_site_rank0.py.
+SLURM_PROCID follows srun's distribution: cyclic deals tasks out across the nodes, arbitrary
+follows SLURM_HOSTFILE, and Slurm 26.05 with a topology plugin orders a block distribution's
+nodes by switch, so task 0 can run on the step's last node, while every task would look for rank
+0 (the store under ``env://``) on the first host of SLURM_STEP_NODELIST. common.env numbers
+ranks node by node instead (SLURM_NODEID, SLURM_LOCALID), as torchrun does. Table-driven: each
+row is a 4-task step over node[1-2] as the local cluster really laid it out (``srun -N2
+--ntasks-per-node=2 bash -c 'echo $SLURM_PROCID $(hostname) $SLURM_NODEID $SLURM_LOCALID'``).
+The jobs themselves run in tests/test_site_placement.py.
 """
 
 from __future__ import annotations
@@ -21,87 +23,78 @@ sys.path.insert(0, str(ROOT))
 from common.env import LaunchError, resolve_launch_env  # noqa: E402
 from common.preflight import check_rank0_here  # noqa: E402
 
+HOSTS = ["node1", "node2"]
 
-def task(procid, nodeid, node, **extra):
-    """One task of a 4-task step over node[1-2], 2 tasks per node."""
+
+def task(procid, nodeid, localid, tasks_per_node="2(x2)", **extra):
+    """One task of a 4-task step over node[1-2]."""
     return {
         "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_PROCID": str(procid),
-        "SLURM_LOCALID": str(procid % 2), "SLURM_NODEID": str(nodeid), "SLURM_NTASKS": "4",
+        "SLURM_LOCALID": str(localid), "SLURM_NODEID": str(nodeid), "SLURM_NTASKS": "4",
         "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NODELIST": "node[1-2]",
-        "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
-        "SLURMD_NODENAME": node, **extra,
+        "SLURM_JOB_NODELIST": "node[1-2]", "SLURM_STEP_TASKS_PER_NODE": tasks_per_node,
+        "SLURMD_NODENAME": HOSTS[nodeid], **extra,
     }  # fmt: skip
 
 
-def hostfile(tmp_path, text):
-    path = tmp_path / "hosts"
-    path.write_text(text)
-    return str(path)
+# (SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID) of each task, in SLURM_PROCID order.
+LAYOUTS = {
+    "block": [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)],
+    "cyclic": [(0, 0, 0), (1, 1, 0), (2, 0, 1), (3, 1, 1)],
+    # SLURM_HOSTFILE: node2 node2 node1 node1
+    "arbitrary": [(0, 1, 0), (1, 1, 1), (2, 0, 0), (3, 0, 1)],
+    # Slurm 26.05, TopologyPlugin=topology/tree, node2 on the first leaf switch (--site
+    # rank0-elsewhere): the default block distribution starts on node2.
+    "block, 26.05 topology/tree": [(0, 1, 0), (1, 1, 1), (2, 0, 0), (3, 0, 1)],
+}
 
 
-@pytest.mark.parametrize(
-    "file_text, distribution, master",
-    [
-        ("node2\nnode2\nnode1\nnode1\n", "arbitrary", "node2"),
-        ("node2,node2,node1,node1\n", "arbitrary", "node2"),  # one line, commas
-        ("node[2-2]\nnode2\nnode1\nnode1\n", "arbitrary", "node2"),  # a host list expression
-        ("node1\nnode1\nnode2\nnode2\n", "arbitrary", "node1"),
-        ("node2\nnode2\nnode1\nnode1\n", "block", "node1"),  # the file is not used then
-        ("node2\nnode2\nnode1\nnode1\n", "cyclic", "node1"),
-    ],
-)
-def test_rank0_host_follows_the_distribution(tmp_path, file_text, distribution, master):
-    environ = task(2, 0, "node1", SLURM_DISTRIBUTION=distribution,
-                   SLURM_HOSTFILE=hostfile(tmp_path, file_text))  # fmt: skip
-    env = resolve_launch_env(environ, argv=["train.py"], check=False)
-    assert env.master_addr == master and env.rank == 2
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_rank0_is_on_the_host_every_task_names(layout):
+    distribution = layout.split(",")[0]
+    envs = [resolve_launch_env(task(*t, SLURM_DISTRIBUTION=distribution), argv=["train.py"],
+                               check=False) for t in LAYOUTS[layout]]  # fmt: skip
+    assert sorted(e.rank for e in envs) == [0, 1, 2, 3]
+    assert {e.master_addr for e in envs} == {"node1"}
+    rank0 = next(t for t, e in zip(LAYOUTS[layout], envs, strict=True) if e.rank == 0)
+    assert HOSTS[rank0[1]] == "node1" and rank0[2] == 0
+    # node by node: the ranks of a node are consecutive, its local ranks in order
+    assert all(e.rank == 2 * t[1] + t[2] and e.local_rank == t[2] and e.node_rank == t[1]
+               for t, e in zip(LAYOUTS[layout], envs, strict=True))  # fmt: skip
 
 
-def test_the_batch_script_of_an_arbitrary_job_names_rank0s_node(tmp_path):
-    """The batch script runs on the job's first node; its `python -m common.env --export`
-    hands MASTER_ADDR to every task, so it must name rank 0's node, not its own."""
-    environ = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-               "SLURM_NODEID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_NODELIST": "node[1-2]",
-               "SLURM_JOB_NUM_NODES": "2", "SLURMD_NODENAME": "node1",
-               "SLURM_DISTRIBUTION": "arbitrary",
-               "SLURM_HOSTFILE": hostfile(tmp_path, "node2\nnode2\nnode1\nnode1\n")}  # fmt: skip
-    env = resolve_launch_env(environ, argv=["job.sh"], check=False)
-    assert env.launcher == "single" and env.master_addr == "node2"
+def test_uneven_nodes_count_the_earlier_nodes_tasks():
+    """-n4 over 2 nodes without --ntasks-per-node can give node1 3 tasks and node2 1."""
+    layout = [(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0)]
+    ranks = [resolve_launch_env(task(*t, tasks_per_node="3,1"), argv=["train.py"],
+                                check=False).rank for t in layout]  # fmt: skip
+    assert ranks == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize(
-    "path_of, needle",
-    [
-        (lambda tmp: str(tmp / "missing"), "cannot be read here (No such file or directory)"),
-        (lambda tmp: hostfile(tmp, "\n"), "names no host"),
-        (lambda tmp: "", "names no host"),
-    ],
-)
-def test_arbitrary_without_a_readable_host_file_is_one_line(tmp_path, path_of, needle):
-    environ = task(0, 1, "node2", SLURM_DISTRIBUTION="arbitrary", SLURM_HOSTFILE=path_of(tmp_path))
-    with pytest.raises(LaunchError) as err:
-        resolve_launch_env(environ, argv=["train.py"], check=False)
-    text = str(err.value)
-    assert needle in text and "export MASTER_ADDR=" in text and "\n" not in text, text
+def test_mp_spawn_in_one_task_per_node_counts_by_node():
+    """One srun task per node, mp.spawn 2 processes in each: the task on the step's first
+    node holds ranks 0 and 1, whichever SLURM_PROCID it has."""
+    environ = task(0, 1, 0, tasks_per_node="1(x2)", SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2")
+    env = resolve_launch_env(environ, spawn_index=1, spawn_nprocs=2, argv=["x"], check=False)
+    assert (env.rank, env.local_rank, env.world_size, env.master_addr) == (3, 1, 4, "node1")
 
 
 @pytest.mark.parametrize(
     "environ, refused",
     [
-        (task(0, 1, "node2"), True),  # rank 0 elsewhere, nothing says so
-        (task(0, 0, "node1"), False),  # rank 0 where everyone looks for it
-        (task(1, 1, "node2"), False),  # not rank 0: it does not host the store
-        # exported by a batch script that took its own node for rank 0's
-        (task(0, 1, "node2", MASTER_ADDR="node1"), True),
-        (task(0, 1, "node2", MASTER_ADDR="10.0.0.1"), False),  # no node name: left alone
+        (task(2, 0, 0, MASTER_ADDR="node2"), True),  # exported for another node of the step
+        (task(2, 0, 0, MASTER_ADDR="node1"), False),  # rank 0 where everyone looks for it
+        (task(2, 0, 0), False),  # nothing exported: the step's first host
+        (task(0, 1, 0, MASTER_ADDR="node2"), False),  # rank 2: it hosts nothing
+        (task(2, 0, 0, MASTER_ADDR="10.0.0.1"), False),  # no node name: left alone
     ],
 )
-def test_rank0_refuses_when_it_runs_elsewhere(environ, refused):
+def test_rank0_refuses_a_master_addr_naming_another_node(environ, refused):
     env = resolve_launch_env(environ, argv=["train.py"], check=False)
-    hosts = ["node1", "node2"]
     if not refused:
-        check_rank0_here(env, environ, hosts)
+        check_rank0_here(env, environ, HOSTS)
         return
     with pytest.raises(LaunchError) as err:
-        check_rank0_here(env, environ, hosts)
-    assert str(err.value).startswith("rank 0 runs on node2, not on node1"), err.value
+        check_rank0_here(env, environ, HOSTS)
+    text = str(err.value)
+    assert text.startswith("MASTER_ADDR=node2 but rank 0 runs on node1") and "\n" not in text

@@ -227,10 +227,10 @@ def test_by_hand_says_what_is_missing(monkeypatch, capsys):
                 SLURM_NNODES="1", SLURM_STEP_ID="0")  # fmt: skip
     message = stop(**task)
     assert "MASTER_ADDR and MASTER_PORT must be set" in message and "\n" not in message
-    # 3 tasks on 2 nodes: node 1's only task is rank 2, the formula says 1 * 1 + 0 = 1.
+    # 3 tasks on 2 nodes: node 1's only task is rank 2, the formula would say 1 * 1 + 0 = 1.
     uneven = dict(SLURM_NODEID="1", SLURM_LOCALID="0", SLURM_PROCID="2", SLURM_NTASKS="3",
                   SLURM_NNODES="2", SLURM_STEP_ID="0")  # fmt: skip
-    assert "uneven number of tasks per node" in stop(**uneven)
+    assert "is not the same number of tasks on every node" in stop(**uneven)
     capsys.readouterr()
     assert stop("--init", "file", **task) == 2  # argparse's usage error
     assert "--init file needs --dist-file PATH" in capsys.readouterr().err

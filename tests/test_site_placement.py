@@ -1,8 +1,10 @@
 """Sites that place tasks and bind GPUs differently: rank 0 and each rank's GPU follow Slurm.
 
 - Rank 0 elsewhere: with ``--distribution=arbitrary`` and SLURM_HOSTFILE, task 0 runs where
-  the file's first line says (node2 here), not on the first node of the step. Lesson 01's
-  all_reduce and lesson 03's training meet there (common/env.py reads the file).
+  the file's first line says (node2 here), not on the first node of the step. common/env.py
+  numbers ranks node by node, so rank 0 is the first task on node1, where every task looks
+  for it: lesson 01's all_reduce and lesson 03's training run to the end. (Slurm 26.05's
+  topology order: tests/test_site_profiles.py.)
 - GPU binding: for each way a site hands out GPUs that the local cluster can make (every task
   all of the node's, ``--gpus-per-task=1``, ``--gpu-bind=single:1``, ``map_gpu``), in block and
   cyclic order, every task's ``cuda_device_index`` is computed from what Slurm really set, and
@@ -61,7 +63,7 @@ HOSTS = "node2\nnode2\nnode1\nnode1\n"
 
 
 @pytest.mark.timeout(300)
-def test_lesson01_meets_rank0_on_the_host_files_first_node(cluster, srun, tmp_path):
+def test_lesson01_with_task0_on_the_second_node(cluster, srun, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text(HOSTS)
     proc = srun("-n4", "--distribution=arbitrary", "--cpus-per-task=1", sys.executable,
@@ -70,13 +72,13 @@ def test_lesson01_meets_rank0_on_the_host_files_first_node(cluster, srun, tmp_pa
                 timeout=180)  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
-    assert "master node2:" in out, out
-    assert "rank 0/4 on node2 (node 1, local 0)" in out, out
+    assert "master node1:" in out, out  # the step's first host, where rank 0 runs
+    assert "rank 0/4 on node1 (node 0, local 0)" in out, out
     assert "all 4 ranks hold the expected sum" in out.splitlines(), out
 
 
 @pytest.mark.timeout(400)
-def test_lesson03_job_with_rank0_on_the_second_node(cluster, sbatch_wait, tmp_path):
+def test_lesson03_job_with_task0_on_the_second_node(cluster, sbatch_wait, tmp_path):
     """The whole job script under --distribution=arbitrary, as a site's user submits it."""
     hosts = tmp_path / "hosts"
     hosts.write_text(HOSTS)
@@ -88,5 +90,5 @@ def test_lesson03_job_with_rank0_on_the_second_node(cluster, sbatch_wait, tmp_pa
                              "CHECKPOINT": str(tmp_path / "arb.pt")}), timeout=360,
         )  # fmt: skip
     assert result.returncode == 0, result.output
-    assert "MASTER_ADDR=node2 " in result.output, result.output
+    assert "MASTER_ADDR=node1 " in result.output, result.output
     assert "world size 4 (2 node(s) x 2)" in result.output, result.output

@@ -6,6 +6,8 @@
   to the end there.
 - ``shared-tmp``: no job_container/tmpfs, so every job sees the same /tmp. Lesson 08's job stages
   into a folder of its own there and leaves nothing behind; lessons 01 and 03 run to the end.
+- ``rank0-elsewhere`` on Slurm 26.05: a topology plugin puts task 0 of a block distribution on
+  the job's last node. Lessons 01 (its three jobs) and 03 run to the end, rank 0 on node1.
 
 Each test starts the cluster in its profile under the cluster lock and puts it back in the
 default profile at the end. Marked ``sites``: make test-sites.
@@ -24,9 +26,9 @@ pytestmark = pytest.mark.sites
 
 
 @contextlib.contextmanager
-def site(name):
+def site(name, *up_args):
     with cluster_lock():
-        run_up("--site", name)
+        run_up("--site", name, *up_args)
         try:
             yield
         finally:
@@ -87,3 +89,27 @@ def test_shared_tmp_site(cluster, tmp_path):
     staged = re.search(r"(/tmp/mnist-files-\d+)", out08)
     assert staged, out08
     assert not Path(staged[1]).exists(), f"{staged[1]} left behind"
+
+
+@pytest.mark.timeout(900)
+def test_rank0_elsewhere_site(cluster, tmp_path):
+    probe = tmp_path / "probe.sh"
+    probe.write_text("#!/bin/bash\n#SBATCH --nodes=2 --ntasks-per-node=2\n"
+                     "srun bash -c 'echo $SLURM_PROCID $(hostname) $SLURM_NODEID' | sort\n")
+    lesson01 = ROOT / "lessons/01_hello_allreduce"
+    with site("rank0-elsewhere", "--slurm", "26.05"):
+        _, placed = submit_job(tmp_path, probe, timeout=60)
+        runs01 = [submit_job(tmp_path, lesson01 / name, timeout=240)
+                  for name in ("job.sh", "job_task_per_gpu.sh", "by_hand.sh")]  # fmt: skip
+        status03, out03 = submit_job(tmp_path, ROOT / "lessons/03_ddp_mnist/job.sh", "1",
+                                     "--train-subset", "1024", "--test-subset", "256",
+                                     timeout=300)  # fmt: skip
+    assert placed.splitlines()[0] == "0 node2 1", placed  # the profile moves task 0
+    for status, out in runs01:
+        assert status == 0, out
+        assert re.search(r"^rank 0/4 on node1 \(node 0, local 0\)", out, re.M), out
+    saved = re.search(r"^epochs 1, checkpoint (\S+)$", out03, re.M)
+    if saved:
+        Path(saved[1]).unlink(missing_ok=True)
+    assert status03 == 0 and "world size 4 (2 node(s) x 2)" in out03, out03
+    assert "MASTER_ADDR=node1 " in out03, out03

@@ -61,19 +61,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.init == "file" and not args.dist_file:
         parser.error("--init file needs --dist-file PATH (on a filesystem every node mounts)")
 
-    # 1. Who am I? srun numbered every task of the step; we rebuild the global rank from the
-    #    node index and the index on the node, as a per-node launcher would, and check it.
+    # 1. Who am I? We number the processes node by node, as torchrun does, from the node's
+    #    index in the job's host list and the task's index on its node. Not SLURM_PROCID: srun
+    #    numbers tasks in the order it placed them (--distribution cyclic, arbitrary, or a
+    #    topology plugin's order from Slurm 26.05), and task 0 can then run on another node
+    #    than the first, where by_hand.sh points MASTER_ADDR. Rank 0 is on that node here.
     node = slurm_int("SLURM_NODEID")  # index of this node in the step: 0, 1, ...
     check_srun_step()  # sbatch sets these variables in the batch script too
     local = slurm_int("SLURM_LOCALID")  # index of this task on its node: 0 .. per node - 1
     world = slurm_int("SLURM_NTASKS")  # tasks in the step = processes in the world
-    per_node = world // slurm_int("SLURM_NNODES")  # one task per GPU: GPUs per node
-    rank = node * per_node + local
-    if rank != slurm_int("SLURM_PROCID"):
+    nodes = slurm_int("SLURM_NNODES")
+    per_node = world // nodes  # one task per GPU: GPUs per node
+    if per_node * nodes != world:
         # The formula needs the same number of tasks on every node (--ntasks-per-node).
-        raise SystemExit(f"by_hand.py: rank {rank} from the formula but SLURM_PROCID="
-                         f"{os.environ['SLURM_PROCID']}: the step has an uneven number of tasks "
-                         f"per node or is not in block order; ask for --ntasks-per-node")
+        raise SystemExit(f"by_hand.py: SLURM_NTASKS={world} over SLURM_NNODES={nodes} nodes is "
+                         f"not the same number of tasks on every node; ask for --ntasks-per-node")
+    rank = node * per_node + local
 
     # 2. Where do we meet? Rank 0's node, on a port every task computes alike.
     master_addr = os.environ.get("MASTER_ADDR")

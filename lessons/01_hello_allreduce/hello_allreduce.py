@@ -52,7 +52,8 @@ def expected_sum(world_size: int) -> list[float]:
 def worker(index: int | None, nprocs: int, break_rank: int | None) -> None:
     # Who am I? Under `job.sh` SLURM tells common/ the node index and we add the spawn
     # index: global rank = node index * processes per node + local index.
-    # Under `job_task_per_gpu.sh` SLURM numbered every process itself (SLURM_PROCID).
+    # Under `job_task_per_gpu.sh` srun started every process: common/ counts ranks node by
+    # node from SLURM_NODEID and SLURM_LOCALID, so rank 0 is on the step's first node.
     # The set-up every lesson script starts with: this process's share of the CPUs, its GPU
     # (set before the group, so NCCL builds its communicator there), and the process group:
     # rank 0 hosts a small key-value store at MASTER_ADDR:MASTER_PORT, every rank connects to

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Hello all_reduce, "one SLURM task per GPU" pattern:
-# srun itself starts every process and numbers it (SLURM_PROCID); Python spawns nothing.
+# srun itself starts every process (SLURM_NODEID, SLURM_LOCALID tell each who it is); Python spawns nothing.
 #
 #   sbatch lessons/01_hello_allreduce/job_task_per_gpu.sh          (from the course root)
 #

@@ -349,7 +349,7 @@ def run(args, env, device) -> int:
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        # Who am I: rank, world size, node (SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID under
+        # Who am I: rank, world size, node (by node from SLURM_NODEID, SLURM_LOCALID under
         # srun; RANK, WORLD_SIZE under torchrun), checked by common/env.py.
         env = resolve_launch_env()
     except LaunchError as exc:

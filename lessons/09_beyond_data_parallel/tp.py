@@ -276,7 +276,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     env = None
     try:
-        # Who am I: rank, world size, node (SLURM_PROCID, SLURM_NTASKS, SLURM_NODEID under
+        # Who am I: rank, world size, node (by node from SLURM_NODEID, SLURM_LOCALID under
         # srun; RANK, WORLD_SIZE under torchrun), checked by common/env.py.
         env = resolve_launch_env()
     except LaunchError as exc:
