@@ -239,6 +239,39 @@ def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
     assert re.search(r"done: test_acc \d+\.\d+% after 1 epochs", text), text
 
 
+@pytest.mark.long  # a requeue (cred_expire's hold) and a second run: make test-long
+@pytest.mark.timeout(300)
+def test_stop_while_python_starts_is_requeued(cluster, cluster_lock, tmp_path):
+    """Preemption's SIGTERM reaches the tasks at once, maybe before train.py has set its
+    handler (while Python imports torch): they end with 143 and nothing is saved. requeue.sh
+    requeues the job all the same, and the next run trains from the beginning."""
+    out, ckpt = tmp_path / "job.out", tmp_path / "ckpt.pt"
+    with cluster_lock():
+        job = slurm("sbatch", "--parsable", "--nodes=1", f"--output={out}",
+                    f"--export=ALL,CHECKPOINT={ckpt}", LESSON / "requeue.sh", "1",
+                    *SMALL)  # fmt: skip
+        try:
+            # The step exists as soon as srun has started the tasks: signal them (not the
+            # batch shell), as preemption does, before Python has got far.
+            wait_for("the training step", lambda: f"{job}.0" in slurm(
+                "squeue", "--steps", "--noheader", "--format=%i", "--jobs", job), 60,
+                poll=0.05)  # fmt: skip
+            slurm("scancel", "--signal=TERM", job)
+            release_after_requeue(job, 1)
+            state, code, record = wait_job(job, timeout=180)
+        finally:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    text = out.read_text() if out.exists() else ""
+    first = text.partition("SLURM_RESTART_COUNT=1")[0]
+    assert "exiting with 75" not in first, "the handler was in place already: " + text
+    assert re.search(r"the training ended with status 1(43|38), stopped before it could save",
+                     first), text  # fmt: skip
+    assert "it starts from the beginning (no checkpoint yet)" in first, text
+    assert (state, code) == ("COMPLETED", 0), text
+    assert record.get("Restarts") == "1", record
+    assert re.search(r"done: test_acc \d+\.\d+% after 1 epochs", text), text
+
+
 @pytest.mark.timeout(300)
 def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_path):
     out = tmp_path / "chain.out"

@@ -78,12 +78,22 @@ while [[ -z $status ]]; do
     status=$rc
 done
 
+# Stopped by the signal itself: a stop that came while Python was still starting, before
+# train.py had set its handler, ends the tasks (SIGTERM's and SIGUSR1's default action; srun
+# reports 143 or 138). Nothing was saved this time, but it is the same stop: requeue, and the
+# next run resumes from the last checkpoint, if there is one.
+if (( status == 143 || status == 138 )) || [[ -n $signalled && $status -ne 0 ]]; then
+    echo "=== $(date -u '+%T') the training ended with status $status, stopped before it could save"
+    status=75
+fi
 if (( status == 75 )); then
     # Saved and asked to run again. A preempted job that ends before its GraceTime is not
     # requeued by Slurm 22.05 (cluster/README.md, Preemption): this requeue is what does it. A
     # refused requeue (job cancelled, JobRequeue=0 and no --requeue, ...) must not end the
     # job COMPLETED: say so, keep the checkpoint, and exit 75 (the job ends FAILED).
-    echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${signalled:+ (after SIG$signalled)}; it resumes from $CHECKPOINT"
+    resume="resumes from $CHECKPOINT"
+    [[ -e $CHECKPOINT ]] || resume="starts from the beginning (no checkpoint yet)"
+    echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${signalled:+ (after SIG$signalled)}; it $resume"
     if ! said=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
         echo "error: scontrol requeue $SLURM_JOB_ID was refused (${said//$'\n'/ }): the job ends here, not requeued. The checkpoint $CHECKPOINT is kept: resume it with CHECKPOINT=$CHECKPOINT sbatch lessons/05_fault_tolerance/requeue.sh $EPOCHS" >&2
         exit 75
