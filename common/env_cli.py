@@ -20,6 +20,7 @@ from common.env import (
     LaunchError,
     _opt_int_var,
     cuda_device_index,
+    expand_hostlist,
     gpus_on_node,
     resolve_launch_env,
 )
@@ -57,6 +58,11 @@ def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> d
             or 1
         )
         if num_nodes > 1:  # the batch script hands these to processes on every node
+            if not environ.get("MASTER_ADDR") and environ.get("SLURM_JOB_NODELIST"):
+                # Node 0 of a step over the whole job, where its rank 0 runs: the job's first
+                # host (the batch script's own node, as a rule, but the list is what counts).
+                first = expand_hostlist(environ["SLURM_JOB_NODELIST"], "SLURM_JOB_NODELIST")[0]
+                env = dataclasses.replace(env, master_addr=first)
             check_master_addr(dataclasses.replace(env, num_nodes=num_nodes))
     return {
         "MASTER_ADDR": env.master_addr,

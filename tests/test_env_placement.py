@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.env import LaunchError, resolve_launch_env  # noqa: E402
+from common.env_cli import export_values  # noqa: E402
 from common.preflight import check_rank0_here  # noqa: E402
 
 HOSTS = ["node1", "node2"]
@@ -77,6 +78,23 @@ def test_mp_spawn_in_one_task_per_node_counts_by_node():
     environ = task(0, 1, 0, tasks_per_node="1(x2)", SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2")
     env = resolve_launch_env(environ, spawn_index=1, spawn_nprocs=2, argv=["x"], check=False)
     assert (env.rank, env.local_rank, env.world_size, env.master_addr) == (3, 1, 4, "node1")
+
+
+# Addresses for names, so that check_master_addr resolves them on any machine.
+@pytest.mark.parametrize("batch_node, master",
+                         [("192.0.2.1", "192.0.2.1"), ("192.0.2.2", "192.0.2.1")])  # fmt: skip
+def test_the_batch_script_exports_the_jobs_first_host(batch_node, master):
+    """``eval "$(python -m common.env --export)"`` in a batch script: torchrun's --node-rank
+    is SLURM_NODEID, so node 0, the job's first host, hosts the rendezvous, wherever the batch
+    script itself runs."""
+    environ = {"SLURM_JOB_ID": "77", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+               "SLURM_NODEID": "0", "SLURM_NTASKS": "4",
+               "SLURM_JOB_NODELIST": "192.0.2.1,192.0.2.2", "SLURM_JOB_NUM_NODES": "2",
+               "SLURMD_NODENAME": batch_node}  # fmt: skip
+    env = resolve_launch_env(environ, argv=["job.sh"], check=False)
+    assert env.launcher == "single"
+    exported = export_values(env, environ)
+    assert (exported["MASTER_ADDR"], exported["NNODES"]) == (master, 2)
 
 
 @pytest.mark.parametrize(

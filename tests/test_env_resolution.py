@@ -669,8 +669,10 @@ def test_cli_export_quotes_values():
 
 
 def test_cli_export_in_the_batch_script():
-    """The batch script is one process, but what it exports serves the whole job."""
-    batch = {**BATCH_SCRIPT, "SLURMD_NODENAME": "192.0.2.1", "SLURM_GPUS_ON_NODE": "2"}
+    """The batch script is one process, but what it exports serves the whole job: MASTER_ADDR
+    is the job's first host (an address here, so that it resolves on any machine)."""
+    batch = {**BATCH_SCRIPT, "SLURM_JOB_NODELIST": "192.0.2.1,node2",
+             "SLURMD_NODENAME": "192.0.2.1", "SLURM_GPUS_ON_NODE": "2"}  # fmt: skip
     proc = run_cli("--export", **batch)
     assert proc.returncode == 0, proc.stderr
     exports = dict(shlex.split(line)[1].split("=", 1) for line in proc.stdout.splitlines())
