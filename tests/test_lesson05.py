@@ -239,6 +239,24 @@ def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
     assert re.search(r"done: test_acc \d+\.\d+% after 1 epochs", text), text
 
 
+def training_pids(job: str) -> list[int]:
+    """The tasks of this job's step 0 running lesson 05's train.py: python processes whose
+    environment says so (srun's own processes carry train.py on their command line too, and
+    the job's id, but no SLURM_STEP_ID=0)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # not a process, or gone
+            continue
+        if (f"SLURM_JOB_ID={job}".encode() in env and b"SLURM_STEP_ID=0" in env
+                and Path(argv[0].decode(errors="replace")).name.startswith("python")
+                and any(a.endswith(b"05_fault_tolerance/train.py") for a in argv)):  # fmt: skip
+            pids.append(int(proc.name))
+    return pids
+
+
 @pytest.mark.long  # a requeue (cred_expire's hold) and a second run: make test-long
 @pytest.mark.timeout(300)
 def test_stop_while_python_starts_is_requeued(cluster, cluster_lock, tmp_path):
@@ -251,11 +269,11 @@ def test_stop_while_python_starts_is_requeued(cluster, cluster_lock, tmp_path):
                     f"--export=ALL,CHECKPOINT={ckpt}", LESSON / "requeue.sh", "1",
                     *SMALL)  # fmt: skip
         try:
-            # The step exists as soon as srun has started the tasks: signal them (not the
-            # batch shell), as preemption does, before Python has got far.
-            wait_for("the training step", lambda: f"{job}.0" in slurm(
-                "squeue", "--steps", "--noheader", "--format=%i", "--jobs", job), 60,
-                poll=0.05)  # fmt: skip
+            # Once both training processes exist (a step listed by squeue may not have started
+            # its tasks yet, and a signal then reaches none), signal the tasks, not the batch
+            # shell, as preemption does, while Python still imports torch.
+            wait_for("both training processes", lambda: len(training_pids(job)) >= 2, 60,
+                     poll=0.05)  # fmt: skip
             slurm("scancel", "--signal=TERM", job)
             release_after_requeue(job, 1)
             state, code, record = wait_job(job, timeout=180)
