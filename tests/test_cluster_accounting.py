@@ -78,9 +78,12 @@ def test_sstat_reports_a_running_step(cluster, cluster_lock, tmp_path):
                     ["sstat", "-n", "-P", "-j", f"{job}.0", "--format=JobID,MaxRSS,NTasks"],
                     capture_output=True, text=True, timeout=30, env=job_environ(),
                 )  # fmt: skip
-                match = re.match(rf"{job}\.0\|(\d+)K\|1$", proc.stdout.strip())
-                if match and int(match[1]) > 200 * 1024:
-                    rss = int(match[1])
+                # KiB, or scaled to the largest unit that keeps it >= 1 ("213.50M", seen on
+                # 26.05); 0 before the first sample.
+                match = re.match(rf"{job}\.0\|([0-9.]+)([KMG]?)\|1$", proc.stdout.strip())
+                kib = match and float(match[1]) * 1024 ** "KMG".find(match[2] or "K")
+                if kib and kib > 200 * 1024:
+                    rss = kib
                 time.sleep(0.5)
             assert rss, f"sstat never showed {job}.0 with its 200 MB: {proc.stdout}{proc.stderr}"
         finally:
