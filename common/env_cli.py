@@ -60,7 +60,8 @@ def export_values(env: LaunchEnv, environ: Mapping[str, str] | None = None) -> d
         if num_nodes > 1:  # the batch script hands these to processes on every node
             if not environ.get("MASTER_ADDR") and environ.get("SLURM_JOB_NODELIST"):
                 # Node 0 of a step over the whole job, where its rank 0 runs: the job's first
-                # host (the batch script's own node, as a rule, but the list is what counts).
+                # host. The batch script runs there unless `sbatch --batch=<features>` put it
+                # on another node (pick_batch_host, slurmctld/node_scheduler.c).
                 first = expand_hostlist(environ["SLURM_JOB_NODELIST"], "SLURM_JOB_NODELIST")[0]
                 env = dataclasses.replace(env, master_addr=first)
             check_master_addr(dataclasses.replace(env, num_nodes=num_nodes))
