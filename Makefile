@@ -120,15 +120,15 @@ test-lesson09: venv
 
 # The `sites` lane: cluster tests take the cluster lock themselves, one job at a time.
 test-long: venv data container
-	$(VENV)/bin/pytest -m long tests
+	$(VENV)/bin/pytest --durations=10 -m long tests
 
 test-sites: venv data
-	$(VENV)/bin/pytest -m sites tests
+	$(VENV)/bin/pytest --durations=10 -m sites tests
 
 # Real job sizes (tests/test_scale.py): the cluster restarted with 32 nodes; the preflight,
 # at 34 and 64 ranks, lessons 01 and 03 at 34 (tests/test_scale.py says why not at 64).
 test-scale: venv data
-	$(VENV)/bin/pytest -m scale tests
+	$(VENV)/bin/pytest --durations=10 -m scale tests
 
 # The commands the READMEs show that finish in seconds, run as written from the course root with
 # only the venv active (tests/test_readme_commands.py; the rest of that file runs in make test).

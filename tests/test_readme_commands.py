@@ -17,8 +17,10 @@ Each command falls into one class (table-driven, one test id per README line):
   variables), found by reading the tests' source (``sbatch_wait``, ``submit_job``, ``slurm``,
   an ``["sbatch", ...]`` list); options that only say where the output goes (``--output``,
   ``--chdir``, ``--parsable``) do not count. Submitting all of them (about 20 minutes here) is
-  left to the tests that do. A job the tests submit only with fewer epochs, images or steps is
-  in NOT_RUN instead, which names a test that submits that script;
+  left to the tests that do. A test may shorten the job with the variables its script's header
+  offers for that (SHORTER: fewer steps or cases). A job the tests submit only with other
+  arguments (fewer epochs or images) is in NOT_RUN instead, which names a test that submits
+  that script;
 * ``quick``: finishes in seconds: run (marked ``readme``, ``make test-readme``) from the course
   root with only the venv active (``VIRTUAL_ENV``, ``.venv/bin`` first on ``PATH``; no
   ``PYTHONPATH``, no ``COURSE_*``, ``SLURM_*``, ``SBATCH_*`` ...), expecting QUICK's exit status;
@@ -186,19 +188,6 @@ NOT_RUN = {
     "sbatch lessons/08_data_pipeline/job.sh": (
         "an epoch (the test: 8 steps)",
         "tests/test_site_profiles.py::test_shared_tmp_site"),
-    "sbatch lessons/08_data_pipeline/scaling.sh": (
-        "8 runs, strong and weak, at 1, 2 and 4 ranks (the test: one)",
-        "tests/test_lesson08.py::test_bench_probe_and_scaling_jobs_run"),
-    "sbatch lessons/09_beyond_data_parallel/tp.sh": (
-        "the default steps (the test: STEPS=20)", "tests/test_lesson09.py::test_tp_job"),
-    "sbatch lessons/09_beyond_data_parallel/pp.sh": (
-        "the default steps (the test: STEPS=1 MICROBATCHES=4)",
-        "tests/test_lesson09.py::test_pp_job"),
-    "sbatch lessons/09_beyond_data_parallel/2d.sh": (
-        "the default steps (the test: STEPS=20)",
-        "tests/test_lesson09.py::test_2d_job_and_a_tp_group_across_nodes"),
-    "sbatch lessons/09_beyond_data_parallel/compare.sh": (
-        "the default steps (the test: STEPS=2)", "tests/test_lesson09.py::test_compare_job"),
     "torchrun --standalone --nproc-per-node 2 "
     "lessons/09_beyond_data_parallel/tp.py --steps 20": (
         "20 steps of 2 processes", "tests/test_lesson09.py"),
@@ -560,14 +549,39 @@ def _maybe_script(node) -> bool:
 
 
 HARNESS_ENV = ("COURSE_",)  # what a test sets for the local cluster (timeouts, paths)
+# The variables a script's header offers for a shorter run of the same job (fewer steps, fewer
+# cases), besides its arguments: a test may set them and still submit the README's command.
+SHORTER = {
+    "lessons/08_data_pipeline/scaling.sh": ("MODES", "SHAPES", "STEPS"),
+    "lessons/09_beyond_data_parallel/tp.sh": ("STEPS",),
+    "lessons/09_beyond_data_parallel/pp.sh": ("MICROBATCHES", "STEPS"),
+    "lessons/09_beyond_data_parallel/2d.sh": ("STEPS",),
+    "lessons/09_beyond_data_parallel/compare.sh": ("STEPS",),
+}
 
 
 def covering(job: Job) -> list[str]:
     """The tests that submit what the README's command does: the same script, sbatch options
-    and arguments, and the same variables (besides the harness's COURSE_* settings)."""
+    and arguments, and the same variables (besides the harness's COURSE_* settings and the
+    script's SHORTER ones)."""
+    ignored = SHORTER.get(job.script, ())
+
+    def env_of(sub: Job) -> tuple:
+        return tuple(e for e in sub.env if not e[0].startswith(HARNESS_ENV)
+                     and (e[0] not in ignored or e[0] in dict(job.env)))
+
     return sorted({test for test, sub in submissions()
                    if (sub.script, sub.options, sub.args) == (job.script, job.options, job.args)
-                   and tuple(e for e in sub.env if not e[0].startswith(HARNESS_ENV)) == job.env})
+                   and env_of(sub) == job.env})
+
+
+def test_shorter_variables_are_the_scripts_own():
+    """Each SHORTER variable is one its script's header shows in front of sbatch."""
+    for script, names in SHORTER.items():
+        header = [line for line in (ROOT / script).read_text().splitlines() if line.startswith("#")]
+        shown = {name for line in header if "sbatch" in line
+                 for name in re.findall(r"\b([A-Z_]+)=\S+", line.split("sbatch")[0])}
+        assert set(names) <= shown, (script, sorted(set(names) - shown))
 
 
 # --------------------------------------------------------------------------- classes
