@@ -109,7 +109,7 @@ test-slurm: venv data container
 	for v in $(SLURM_LANE); do bash cluster/slurm_root.sh $$v >/dev/null || exit 1; done
 	flock $(LOCK) bash -c 'rc=0; last=$(lastword $(SLURM_LANE)); for v in $(SLURM_LANE); do \
 	    start=$$SECONDS; marks=every_slurm; [[ $$v == "$$last" ]] || marks="every_slurm and not lesson_job"; \
-	    COURSE_SLURM_VERSION=$$v $(VENV)/bin/pytest -m "$$marks" tests || rc=$$?; \
+	    COURSE_SLURM_VERSION=$$v $(VENV)/bin/pytest --durations=10 -m "$$marks" tests || rc=$$?; \
 	    echo "test-slurm: Slurm $$v took $$((SECONDS - start)) s"; done; \
 	    bash cluster/up.sh || rc=$$?; exit $$rc'
 

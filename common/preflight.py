@@ -56,6 +56,7 @@ from common.env import (
     LaunchEnv,
     LaunchError,
     cuda_device_index,
+    find_free_port,
     gpus_on_node,
     resolve_launch_env,
 )
@@ -1118,6 +1119,23 @@ def say(text: str) -> None:
     sys.stdout.flush()
 
 
+def port_beside_the_agent(env: LaunchEnv, timeout: float) -> int:
+    """The port the tasks meet on under torchrun, whose agent holds MASTER_PORT: rank 0 takes
+    a free port of its host (the kernel's choice) and posts it in the agent's store, where every
+    worker is a client (TORCHELASTIC_USE_AGENT_STORE; torch's own env:// rendezvous connects
+    the same way, torch/distributed/rendezvous.py ``_create_c10d_store``).  A fixed neighbour
+    such as MASTER_PORT + 1 may be in use on a busy host."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout))  # fmt: skip
+    # One key per restart of the workers: the agent's store outlives them.
+    key = f"course-preflight/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/port"
+    if env.rank == 0:
+        store.set(key, str(find_free_port()))
+    return int(store.get(key))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m common.preflight",
@@ -1154,9 +1172,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     agent_port = None
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         # Under torchrun its agent already listens on MASTER_PORT (which proves it can be
-        # opened): meet on the next port instead.
+        # opened): meet on a port rank 0 takes and posts in the agent's store.
         agent_port = env.master_port
-        env = dataclasses.replace(env, master_port=env.master_port % 65535 + 1)
+        try:
+            env = dataclasses.replace(env, master_port=port_beside_the_agent(env, timeout))
+        except Exception as exc:  # noqa: BLE001 - the agent's store did not answer in time
+            what = " ".join(str(exc).split())[:200] or type(exc).__name__
+            say(problem_line(env.hostname, [env.rank], problem(
+                f"torchrun's store at MASTER_ADDR:MASTER_PORT={env.master_addr}:{agent_port} "
+                f"did not answer within {timeout:g} s ({what})",
+                "check that torchrun's agent still runs (its log), or raise --timeout")))
+            return 1
 
     own = local_facts(env, os.environ)
     if env.world_size == 1:

@@ -4,7 +4,8 @@
   the file's first line says (node2 here), not on the first node of the step. common/env.py
   numbers ranks node by node, so rank 0 is the first task on node1, where every task looks
   for it: lesson 01's all_reduce and lesson 03's training run to the end. (Slurm 26.05's
-  topology order: tests/test_site_profiles.py.)
+  topology order: tests/test_site_profiles.py.) The batch script elsewhere (``sbatch
+  --batch=<features>``): lesson 03's job script still names the job's first host.
 - GPU binding: for each way a site hands out GPUs that the local cluster can make (every task
   all of the node's, ``--gpus-per-task=1``, ``--gpu-bind=single:1``, ``map_gpu``), in block and
   cyclic order, every task's ``cuda_device_index`` is computed from what Slurm really set, and
@@ -21,7 +22,7 @@ import json
 import sys
 
 import pytest
-from conftest import ROOT, cluster_lock, job_environ
+from conftest import ROOT, cluster_lock, job_environ, job_record, slurm
 
 pytestmark = pytest.mark.sites
 
@@ -92,3 +93,31 @@ def test_lesson03_job_with_task0_on_the_second_node(cluster, sbatch_wait, tmp_pa
     assert result.returncode == 0, result.output
     assert "MASTER_ADDR=node1 " in result.output, result.output
     assert "world size 4 (2 node(s) x 2)" in result.output, result.output
+
+
+@pytest.mark.timeout(400)
+def test_lesson03_job_with_its_batch_script_on_the_second_node(cluster, sbatch_wait, tmp_path):
+    """``sbatch --batch=<features>`` runs the batch script on a node with those features, not
+    necessarily the job's first (slurmctld's pick_batch_host); they must be among the job's
+    ``--constraint`` (sbatch(1), --batch: ``--constraint="haswell*1&knl*4" --batch=haswell``).
+    Lesson 03's job script still tells every task the first host, where srun's rank 0 runs
+    (common/env_cli.py)."""
+    with cluster_lock():
+        slurm("scontrol", "update", "NodeName=node2", "AvailableFeatures=batchhost",
+              "ActiveFeatures=batchhost")  # fmt: skip
+        try:
+            result = sbatch_wait(
+                "lessons/03_ddp_mnist/job.sh", "--constraint=batchhost*1", "--batch=batchhost",
+                script_args=["1", "--train-subset", "1024", "--test-subset", "256"],
+                env=job_environ({"CHECKPOINT": str(tmp_path / "batch.pt")}), timeout=360,
+            )  # fmt: skip
+            record = job_record(result.job_id) or {}
+        finally:
+            slurm("scontrol", "update", "NodeName=node2", "AvailableFeatures=",
+                  "ActiveFeatures=")  # fmt: skip
+    assert record.get("BatchHost") == "node2", record
+    assert result.returncode == 0, result.output
+    assert "MASTER_ADDR=node1 " in result.output, result.output
+    assert "world size 4 (2 node(s) x 2)" in result.output, result.output
+    features = slurm("scontrol", "show", "node", "node2", "-o")
+    assert "AvailableFeatures=(null)" in features, features  # as the cluster declares it
