@@ -179,9 +179,6 @@ NOT_RUN = {
     "sbatch --nodes=1 --exclude=node2 lessons/05_fault_tolerance/crash.sh 1": (
         "an epoch of 60,000 images (the test: of 2,048)",
         "tests/test_lesson05.py::test_faulty_node_is_named_then_excluded"),
-    "sbatch lessons/07_fsdp_sharding/memory.sh": (
-        "the lesson's model at 1, 2 and 4 ranks (the test: a smaller one)",
-        "tests/test_lesson07.py::test_memory_job_runs_worlds_of_1_2_and_4"),
     "sbatch lessons/07_fsdp_sharding/job.sh": (
         "2 epochs of 60,000 images (the test: 1 of 3,000)",
         "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1"),
