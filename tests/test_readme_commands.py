@@ -182,9 +182,6 @@ NOT_RUN = {
     "sbatch lessons/07_fsdp_sharding/job.sh": (
         "2 epochs of 60,000 images (the test: 1 of 3,000)",
         "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1"),
-    "sbatch lessons/08_data_pipeline/job.sh": (
-        "an epoch (the test: 8 steps)",
-        "tests/test_site_profiles.py::test_shared_tmp_site"),
     "torchrun --standalone --nproc-per-node 2 "
     "lessons/09_beyond_data_parallel/tp.py --steps 20": (
         "20 steps of 2 processes", "tests/test_lesson09.py"),
