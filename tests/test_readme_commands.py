@@ -155,9 +155,6 @@ NOT_RUN = {
     "sbatch lessons/03_ddp_mnist/job.sh": (
         "3 epochs of 60,000 images, minutes here (make demo runs it)",
         "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy"),
-    "sbatch lessons/03_ddp_mnist/job.sh 1": (
-        "an epoch of 60,000 images (the test: of 8,000)",
-        "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy"),
     "CHECKPOINT=checkpoints/mine.pt sbatch lessons/03_ddp_mnist/job.sh": (
         "3 epochs; the resume is tested on train.py (tests/test_lesson03.py)",
         "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy"),
