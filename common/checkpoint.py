@@ -1,16 +1,10 @@
-"""Checkpoints: written atomically, never read silently when damaged.
+"""Checkpoints written atomically, and never read silently when damaged.
 
-    from common.checkpoint import save_checkpoint, load_checkpoint, CheckpointError
-    save_checkpoint(path, {"model": ..., "epoch": 3})          # rank 0 only
-    state = load_checkpoint(path, required=("model", "epoch"))  # every rank
-
-A job can be killed at any moment, also while it writes its checkpoint. ``save_checkpoint``
-writes a temporary file next to the target and renames it: a rename within one filesystem is
-atomic, so the next run finds either the previous checkpoint or the new one, never half of one.
-
-A checkpoint can still be damaged (a full disk, a copy cut short, a file from another program).
-``load_checkpoint`` then raises :class:`CheckpointError` with one line that names the file and
-the fix, instead of a 60-line unpickling traceback on every rank.
+A job can be killed at any moment, also while it writes: ``save_checkpoint`` writes a temporary
+file beside the target and renames it (atomic within one filesystem), so the next run finds the
+previous checkpoint or the new one, never half of one.  A damaged file (a full disk, a copy cut
+short, another program's) makes ``load_checkpoint`` raise :class:`CheckpointError`: one line
+naming the file and the fix, instead of an unpickling traceback on every rank.
 """
 
 from __future__ import annotations
@@ -49,12 +43,9 @@ def load_checkpoint(
     required: Iterable[str] = ("model",),
     expect: Mapping[str, object] | None = None,
 ) -> dict:
-    """Read a checkpoint written by :func:`save_checkpoint` onto the CPU.
-
-    Raises CheckpointError when the file is empty, truncated, not a checkpoint, lacks one of
-    the ``required`` keys, or differs from ``expect`` (e.g. ``{"world_size": 4}``: a run of
-    another shape cannot continue it).
-    """
+    """Read a checkpoint written by :func:`save_checkpoint` onto the CPU; CheckpointError when
+    the file is empty, truncated, not a checkpoint, lacks one of the ``required`` keys, or
+    differs from ``expect`` (``{"world_size": 4}``: a run of another shape cannot continue it)."""
     path = Path(path)
     fix = FIX.format(path=path)
     try:
@@ -69,23 +60,18 @@ def load_checkpoint(
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as exc:  # truncated zip, garbage, pickle of something else, ...
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"checkpoint {path} is damaged or not a checkpoint ({reason[:120]}); {fix}"
-        ) from None
+        raise CheckpointError(f"checkpoint {path} is damaged or not a checkpoint "
+                              f"({reason[:120]}); {fix}") from None  # fmt: skip
     if not isinstance(state, dict):
-        raise CheckpointError(
-            f"checkpoint {path} holds a {type(state).__name__}, not a checkpoint; {fix}"
-        )
+        raise CheckpointError(f"checkpoint {path} holds a {type(state).__name__}, not a "
+                              f"checkpoint; {fix}")  # fmt: skip
     missing = [key for key in required if key not in state]
     if missing:
-        raise CheckpointError(
-            f"checkpoint {path} has no {', '.join(repr(k) for k in missing)} (written by "
-            f"another program?); {fix}"
-        )
+        raise CheckpointError(f"checkpoint {path} has no {', '.join(map(repr, missing))} "
+                              f"(written by another program?); {fix}")  # fmt: skip
     for key, want in (expect or {}).items():
         if state.get(key) != want:
-            raise CheckpointError(
-                f"checkpoint {path} was written with {key}={state.get(key)!r}, this run has "
-                f"{key}={want!r}: run with the same settings to continue it, or {fix}"
-            )
+            raise CheckpointError(f"checkpoint {path} was written with {key}={state.get(key)!r}, "
+                                  f"this run has {key}={want!r}: run with the same settings to "
+                                  f"continue it, or {fix}")  # fmt: skip
     return state

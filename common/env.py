@@ -1,21 +1,18 @@
 """Who am I in this job?  Rank, local rank, world size, node, and where rank 0 listens.
 
-The answer depends on who started the process; :func:`resolve_launch_env` looks, in order, at
-
+:func:`resolve_launch_env` answers from whoever started the process, looking in this order at
 1. torchrun / torch.distributed.launch: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
    ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``, ``TORCHELASTIC_RUN_ID``
    (``RANK``/``WORLD_SIZE`` set by hand: launcher "env");
-2. srun: ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_*``, numbering ranks
-   node by node as torchrun does (the batch script is no task of any step: one process, however
-   many tasks the job has);
+2. srun: ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_*``, ranks numbered
+   node by node as torchrun does (the batch script is one process, however many tasks);
 3. ``torch.multiprocessing.spawn``: the caller passes the child's index and the count;
 4. nothing: one plain process, rank 0 of 1.
-
 What would make the job hang later (a variable missing, malformed or disagreeing with another,
 a double spawn) raises :class:`LaunchError` at once, naming the variable and the fix.  The end
-holds the set-up helpers every lesson script calls (its GPU, threads, timeout, error line).
-Checks of the machine itself (address, port, GPU binding) are lesson 06's common/preflight.py,
-run from here where it lies beside this file.  ``srun python -m common.env``: each task's view.
+holds the set-up every lesson script calls (its GPU, threads, timeout, error line).  Checks of
+the machine (address, port, GPU binding) are lesson 06's common/preflight.py, run from here
+where it lies beside this file.  ``srun python -m common.env``: each task's view.
 """
 
 from __future__ import annotations
@@ -81,13 +78,13 @@ class LaunchEnv:
 
 def _parse_int(text: str, name: str, *, hint: str = "", minimum: int = 0) -> int:
     """A whole number >= ``minimum`` in ASCII digits, else a LaunchError naming ``name``."""
-    stripped = text.strip()
-    if not _ASCII_INT.fullmatch(stripped):
+    value = text.strip()
+    if not _ASCII_INT.fullmatch(value):
         raise LaunchError(f"{name}={text!r} is not a whole number (ASCII digits 0-9 only). "
                           f"{hint}".strip())  # fmt: skip
-    if int(stripped) < minimum:
-        raise LaunchError(f"{name}={int(stripped)} must be at least {minimum}. {hint}".strip())
-    return int(stripped)
+    if int(value) < minimum:
+        raise LaunchError(f"{name}={int(value)} must be at least {minimum}. {hint}".strip())
+    return int(value)
 
 
 def _int_var(environ: Mapping[str, str], name: str, *, hint: str = "", minimum: int = 0) -> int:
@@ -97,14 +94,13 @@ def _int_var(environ: Mapping[str, str], name: str, *, hint: str = "", minimum: 
 
 
 def _opt_int_var(environ, name: str, *, hint: str = "", minimum: int = 0) -> int | None:
-    return None if name not in environ else _parse_int(environ[name], name, hint=hint,
-                                                       minimum=minimum)  # fmt: skip
+    return _int_var(environ, name, hint=hint, minimum=minimum) if name in environ else None
 
 
 def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
     """``gpu[01-03,07],cpu5`` -> its host names (zero padding kept); ``variable`` is named in
     the error.  python-hostlist where installed, else common/slurm_hostlist.py."""
-    reader = hostlist or _beside("slurm_hostlist")  # the same syntax, read by the course's file
+    reader = hostlist or _beside("slurm_hostlist")
     if reader is None:  # env.py taken into a project without either
         raise LaunchError(f"reading {variable} needs python-hostlist: pip install python-hostlist")
     try:
@@ -128,18 +124,15 @@ def parse_tasks_per_node(text: str, variable: str = "SLURM_STEP_TASKS_PER_NODE")
         if not match or int(match[1]) < 1 or (match[2] and int(match[2]) < 1):
             raise LaunchError(f"{variable}={text!r} is not a SLURM task count list; expected "
                               f"e.g. '2(x3),1'")  # fmt: skip
-        repeat = int(match[2] or 1)
-        if len(counts) + repeat > MAX_HOSTS:
+        if len(counts) + int(match[2] or 1) > MAX_HOSTS:
             raise LaunchError(f"{variable}={text!r} counts more than {MAX_HOSTS} nodes.")
-        counts += [int(match[1])] * repeat
+        counts += [int(match[1])] * int(match[2] or 1)
     return counts
 
 
 def master_port_for_job(job_id: int | str) -> int:
-    """``MASTER_PORT_BASE + job_id % MASTER_PORT_SPAN``: the same port on every task of a job,
-    different for jobs running together unless their ids differ by a multiple of 15000.  A job
-    array's tasks have ids of their own (adding SLURM_ARRAY_TASK_ID would make job 36's task 3
-    collide with job 39)."""
+    """The same port on every task of a job, another for each job running beside it (ids
+    15000 apart aside); an array's tasks have ids of their own (job 36's task 3 + 3 = job 39)."""
     return MASTER_PORT_BASE + _parse_int(str(job_id), "SLURM_JOB_ID", minimum=1) % MASTER_PORT_SPAN
 
 
@@ -170,11 +163,9 @@ def _ancestor_cmdlines(depth: int = 3) -> list[str]:
 
 
 def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str]) -> str:
-    """torchrun and torch.distributed.launch set the same variables; tell them apart.
-
+    """torchrun and torch.distributed.launch set the same variables; tell them apart:
     ``python -m torch.distributed.launch`` shows in the agent's command line and, without
-    ``--use-env``, passes ``--local-rank=N``.  No agent (no ``TORCHELASTIC_RUN_ID``): "env".
-    """
+    ``--use-env``, passes ``--local-rank=N``.  No agent (no ``TORCHELASTIC_RUN_ID``): "env"."""
     if any(a.startswith(("--local-rank", "--local_rank")) for a in argv[1:]):
         return "torch.distributed.launch"
     if "TORCHELASTIC_RUN_ID" not in environ:
@@ -197,10 +188,9 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     step_id = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
     if step_id is None:
         return "SLURM_STEP_NUM_TASKS" in environ
-    step_id = step_id.strip()
-    if _SENTINEL_STEP_ID.fullmatch(step_id):  # "-5": the batch script (26.05's "%d")
+    if _SENTINEL_STEP_ID.fullmatch(step_id.strip()):  # "-5": the batch script (26.05's "%d")
         return False
-    return bool(_ASCII_INT.fullmatch(step_id)) and int(step_id) < SENTINEL_STEP_ID_MIN
+    return bool(_ASCII_INT.fullmatch(step_id.strip())) and int(step_id) < SENTINEL_STEP_ID_MIN
 
 
 # --------------------------------------------------------------------------- SLURM step
@@ -221,32 +211,25 @@ class _SlurmStep:
 
     @property
     def rank_by_node(self) -> int:
-        """This task's rank, counted node by node in the step's host list, as torchrun numbers
-        its workers: rank 0 is the first task of the first host, the host every task names as
-        MASTER_ADDR, whatever order srun gave the tasks.  SLURM_PROCID follows that order
-        (srun(1) ``--distribution``: cyclic and plane deal tasks out across nodes, arbitrary
-        follows SLURM_HOSTFILE, and from Slurm 26.05 a topology plugin orders a block
-        distribution's nodes by switch, so task 0 can run on the step's last node); it equals
-        this number under the default block distribution without a topology plugin."""
+        """The rank counted node by node in the step's host list, as torchrun numbers its
+        workers: rank 0 runs on the first host, which every task names as MASTER_ADDR.
+        SLURM_PROCID is this only under srun's default block distribution: cyclic and plane
+        deal tasks across nodes, arbitrary follows SLURM_HOSTFILE, and from Slurm 26.05 a
+        topology plugin orders nodes by switch (srun(1) ``--distribution``)."""
         return sum(self.tasks_per_node[: self.nodeid]) + self.localid
 
 
 def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     fix = "Start the job step with srun inside an sbatch/salloc allocation."
-    procid = _int_var(environ, "SLURM_PROCID", hint=fix)
-    localid = _int_var(environ, "SLURM_LOCALID", hint=fix)
-    nodeid = _int_var(environ, "SLURM_NODEID", hint=fix)
-
-    def step_or_job(step_var: str, job_var: str) -> str:
-        return step_var if step_var in environ else job_var
-
-    ntasks_var = step_or_job("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS")
+    procid, localid, nodeid = (_int_var(environ, f"SLURM_{v}", hint=fix)
+                               for v in ("PROCID", "LOCALID", "NODEID"))  # fmt: skip
+    ntasks_var, nodes_var, tpn_var = (s if s in environ else j for s, j in (
+        ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"), ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"),
+        ("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")))  # fmt: skip
     ntasks = _int_var(environ, ntasks_var, hint=fix, minimum=1)
-    nodes_var = step_or_job("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST")
     if nodes_var not in environ:
         raise LaunchError(f"SLURM_STEP_NODELIST and SLURM_JOB_NODELIST are not set. {fix}")
     hosts = expand_hostlist(environ[nodes_var], nodes_var)
-    tpn_var = step_or_job("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE")
     if tpn_var in environ:
         tasks_per_node = parse_tasks_per_node(environ[tpn_var], tpn_var)
     elif len(hosts) == 1:
@@ -277,21 +260,18 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
 def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> LaunchError:
     # Lesson 00: in a job of 2 tasks per node, srun --ntasks-per-node=1 alone still starts 2
     # tasks per node (the job's task count wins); with --ntasks=$SLURM_NNODES, one.
-    return LaunchError(
-        f"double spawn: srun started {step.tasks_on_this_node} tasks on this node "
-        f"(SLURM_STEP_TASKS_PER_NODE) and {inner} starts {inner_count} processes inside each of "
-        f"them. Use one of the two: either srun --ntasks=$SLURM_NNODES --ntasks-per-node=1 with "
-        f"the launcher starting the per-node processes, or srun --ntasks-per-node=N running the "
-        f"script directly."
-    )
+    return LaunchError(f"double spawn: srun started {step.tasks_on_this_node} tasks on this node "
+                       f"(SLURM_STEP_TASKS_PER_NODE) and {inner} starts {inner_count} processes "
+                       f"inside each of them. Use one of the two: either srun --ntasks="
+                       f"$SLURM_NNODES --ntasks-per-node=1 with the launcher starting the "
+                       f"per-node processes, or srun --ntasks-per-node=N running the script "
+                       f"directly.")  # fmt: skip
 
 
 def _from_torch_launcher(environ, argv, ancestors, step):
     launcher = _torch_launcher(environ, argv, ancestors)
-    fix = (
-        "torchrun sets RANK and WORLD_SIZE for every worker; set both or neither by hand "
-        "(a WORLD_SIZE exported by a shell script hides SLURM's variables: unset it)."
-    )
+    fix = ("torchrun sets RANK and WORLD_SIZE for every worker; set both or neither by hand "
+           "(a WORLD_SIZE exported by a shell script hides SLURM's variables: unset it).")
     rank = _int_var(environ, "RANK", hint=fix)
     world_size = _int_var(environ, "WORLD_SIZE", hint=fix, minimum=1)
     local_rank = _opt_int_var(environ, "LOCAL_RANK")
@@ -301,10 +281,9 @@ def _from_torch_launcher(environ, argv, ancestors, step):
 
     if launcher == "env" and step is not None:  # RANK/WORLD_SIZE by hand in each srun task
         if world_size != step.ntasks:
-            raise LaunchError(
-                f"WORLD_SIZE={world_size} but srun started SLURM_STEP_NUM_TASKS={step.ntasks} "
-                f"tasks; unset WORLD_SIZE (common.env reads SLURM's variables) or make them agree."
-            )
+            raise LaunchError(f"WORLD_SIZE={world_size} but srun started SLURM_STEP_NUM_TASKS="
+                              f"{step.ntasks} tasks; unset WORLD_SIZE (common.env reads SLURM's "
+                              f"variables) or make them agree.")  # fmt: skip
         local_rank = step.localid if local_rank is None else local_rank
         local_world_size = step.tasks_on_this_node if local_world_size is None else local_world_size
         node_rank = step.nodeid if node_rank is None else node_rank
@@ -315,21 +294,16 @@ def _from_torch_launcher(environ, argv, ancestors, step):
         if step.tasks_on_this_node > 1 and (local_world_size or 1) > 1:
             raise _double_spawn_error(step, f"{launcher} (LOCAL_WORLD_SIZE)", local_world_size)
         if num_nodes is not None and num_nodes != step.ntasks:
-            raise LaunchError(
-                f"{launcher} runs with GROUP_WORLD_SIZE={num_nodes} nodes (--nnodes) but srun "
-                f"started SLURM_STEP_NUM_TASKS={step.ntasks} agents; pass --nnodes="
-                f"{step.ntasks} (one agent per srun task)."
-            )
+            raise LaunchError(f"{launcher} runs with GROUP_WORLD_SIZE={num_nodes} nodes (--nnodes)"
+                              f" but srun started SLURM_STEP_NUM_TASKS={step.ntasks} agents; pass "
+                              f"--nnodes={step.ntasks} (one agent per srun task).")  # fmt: skip
 
     if (local_rank is None) != (local_world_size is None):
-        raise LaunchError("Only one of LOCAL_RANK and LOCAL_WORLD_SIZE is set; set both or "
-                          "neither.")  # fmt: skip
+        raise LaunchError("Only one of LOCAL_RANK and LOCAL_WORLD_SIZE is set; set both or none.")
     if local_rank is None:  # one node, as with two processes started by hand
         local_rank, local_world_size = rank, world_size
-    if node_rank is None:
-        node_rank = rank // local_world_size
-    if num_nodes is None:
-        num_nodes = -(-world_size // local_world_size)
+    node_rank = rank // local_world_size if node_rank is None else node_rank
+    num_nodes = -(-world_size // local_world_size) if num_nodes is None else num_nodes
     return launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes
 
 
@@ -338,50 +312,35 @@ def _from_spawn(step, spawn_index, spawn_nprocs):
         raise LaunchError(f"spawn_index={spawn_index} must lie in 0..spawn_nprocs-1 (spawn_nprocs="
                           f"{spawn_nprocs}); pass the index mp.spawn gives and the nprocs it was "
                           f"called with.")  # fmt: skip
-    task, tasks, node_rank, num_nodes, local_base, tasks_here = 0, 1, 0, 1, 0, 1
-    if step is not None:
-        # mp.spawn inside each srun task (normally one per node): rank = task * nprocs + index
-        if step.tasks_on_this_node > 1 and spawn_nprocs > 1:
-            raise _double_spawn_error(step, "mp.spawn (nprocs)", spawn_nprocs)
-        task, tasks, node_rank = step.rank_by_node, step.ntasks, step.nodeid
-        num_nodes = len(step.hosts)
-        local_base, tasks_here = step.localid, step.tasks_on_this_node
-    return ("mp.spawn", task * spawn_nprocs + spawn_index, local_base * spawn_nprocs + spawn_index,
-            tasks * spawn_nprocs, tasks_here * spawn_nprocs, node_rank, num_nodes)  # fmt: skip
+    if step is None:
+        return "mp.spawn", spawn_index, spawn_index, spawn_nprocs, spawn_nprocs, 0, 1
+    # mp.spawn inside each srun task (normally one per node): rank = task * nprocs + index
+    if step.tasks_on_this_node > 1 and spawn_nprocs > 1:
+        raise _double_spawn_error(step, "mp.spawn (nprocs)", spawn_nprocs)
+    return ("mp.spawn", step.rank_by_node * spawn_nprocs + spawn_index,
+            step.localid * spawn_nprocs + spawn_index, step.ntasks * spawn_nprocs,
+            step.tasks_on_this_node * spawn_nprocs, step.nodeid, len(step.hosts))  # fmt: skip
 
 
 def _beside(name: str):
     """The course's module common/<name>.py where it lies beside this file, else None: in a
-    project that took env.py alone (and never another copy of the course, installed or not)."""
+    project that took env.py alone (and never another copy of the course, installed or not).
+    Without common/preflight.py torch reports the same problems itself, later and less plainly."""
     if not Path(__file__).with_name(f"{name}.py").is_file():
         return None
     return importlib.import_module(f"common.{name}")
 
 
-def _preflight():
-    """Lesson 06's checks of this machine (common/preflight.py), or None without it: then torch
-    reports the same problems itself, later and less plainly."""
-    return _beside("preflight")
-
-
-def resolve_launch_env(
-    environ: Mapping[str, str] | None = None,
-    *,
-    spawn_index: int | None = None,
-    spawn_nprocs: int | None = None,
-    argv: Sequence[str] | None = None,
-    check: bool = True,
-    proc_cgroup: str | None = None,
-) -> LaunchEnv:
-    """This process's place in the job, from ``environ`` (default ``os.environ``).
-
-    In an ``mp.spawn`` child pass ``spawn_index`` and ``spawn_nprocs`` (processes spawned per
-    node).  ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``.
-    ``check=False`` skips common/preflight.py's checks against this machine (the address
-    resolves, rank 0 runs there, the port is free).  ``proc_cgroup``: /proc/self/cgroup's text
-    (read when ``environ`` is None): did an srun task lose its SLURM_* variables?
-    """
-    preflight = _preflight()
+def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index: int | None = None,
+                       spawn_nprocs: int | None = None, argv: Sequence[str] | None = None,
+                       check: bool = True, proc_cgroup: str | None = None) -> LaunchEnv:
+    """This process's place in the job, from ``environ`` (default ``os.environ``).  An
+    ``mp.spawn`` child passes ``spawn_index`` and ``spawn_nprocs`` (processes per node);
+    ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``;
+    ``check=False`` skips common/preflight.py's checks of this machine (the address resolves,
+    rank 0 runs there, the port is free); ``proc_cgroup`` (/proc/self/cgroup's text, read when
+    ``environ`` is None) shows whether an srun task lost its SLURM_* variables."""
+    preflight = _beside("preflight")
     if preflight and (environ is None or proc_cgroup is not None):  # an srun task's variables
         preflight.check_slurm_variables_kept(os.environ if environ is None else environ,
                                              proc_cgroup)  # fmt: skip
@@ -410,7 +369,12 @@ def resolve_launch_env(
     launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes = found
 
     _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
-    _check_gpus_on_node(environ, local_world_size)
+    gpus = gpus_on_node(environ)  # more ranks than GPUs: they would share one, or on the CPU
+    if gpus and local_world_size > gpus:  # run another world size than the job asked for
+        raise LaunchError(f"{local_world_size} processes on this node but SLURM gave it "
+                          f"SLURM_GPUS_ON_NODE={gpus} GPU(s): one process per GPU, so ask for "
+                          f"--ntasks-per-node={gpus} (or --nproc-per-node={gpus}) or for "
+                          f"--gres=gpu:{local_world_size}.")  # fmt: skip
     env = LaunchEnv(
         rank=rank, local_rank=local_rank, world_size=world_size,
         local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
@@ -424,8 +388,6 @@ def resolve_launch_env(
 
 
 def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes):
-    if world_size < 1:
-        raise LaunchError(f"WORLD_SIZE={world_size}: a job needs at least one process.")
     if not 0 <= rank < world_size:
         raise LaunchError(f"RANK={rank} is not below WORLD_SIZE={world_size}; ranks run from 0 "
                           f"to WORLD_SIZE-1.")  # fmt: skip
@@ -443,18 +405,6 @@ def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_
 def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
     """GPUs SLURM gave this node (SLURM_GPUS_ON_NODE); 0 when none or outside SLURM."""
     return _opt_int_var(os.environ if environ is None else environ, "SLURM_GPUS_ON_NODE") or 0
-
-
-def _check_gpus_on_node(environ: Mapping[str, str], local_world_size: int) -> None:
-    """More processes on a node than its GPUs: refused, CUDA or not.  On a GPU cluster two ranks
-    would share a GPU; on bookkeeping GPUs the job would run with another world size (and
-    global batch) than the one it is written for."""
-    gpus = gpus_on_node(environ)
-    if gpus and local_world_size > gpus:
-        raise LaunchError(f"{local_world_size} processes on this node but SLURM gave it "
-                          f"SLURM_GPUS_ON_NODE={gpus} GPU(s): one process per GPU, so ask for "
-                          f"--ntasks-per-node={gpus} (or --nproc-per-node={gpus}) or for "
-                          f"--gres=gpu:{local_world_size}.")  # fmt: skip
 
 
 def _master_addr(environ, step, num_nodes) -> str:
@@ -495,7 +445,7 @@ def cuda_device_index(env: LaunchEnv, visible_gpus: int,
     own set's devices in turn under ``--gpus-per-task=2``.  Any other sharing (two ranks on one
     GPU, ``--gpu-bind=closest``) is refused by common/preflight.py, where it lies beside."""
     environ = os.environ if environ is None else environ
-    preflight = _preflight()
+    preflight = _beside("preflight")
     if preflight:
         preflight.check_gpu_map(environ, env.local_world_size)
     on_node = gpus_on_node(environ)
@@ -515,7 +465,7 @@ def check_cuda_usable(environ: Mapping[str, str] | None = None, nvidia_glob: str
     """For a process that found no CUDA device: stop if SLURM gave this node GPUs that exist
     (a CPU-only torch, a container started without its GPUs) rather than train on the CPU.
     The diagnosis is lesson 06's (common/preflight.py); without it the process goes on."""
-    preflight = _preflight()
+    preflight = _beside("preflight")
     if preflight:
         preflight.check_cuda_usable(environ, nvidia_glob or preflight.NVIDIA_DEVICE_GLOB)
 
@@ -528,10 +478,9 @@ def usable_cpus() -> tuple[int, bool]:
     """(CPUs this process may run on, whether that is the whole machine): the affinity mask,
     which SLURM narrows to the task's CPUs when it binds tasks; macOS has none."""
     total = os.cpu_count() or 1
-    affinity = getattr(os, "sched_getaffinity", None)
-    if affinity is None:
+    if not hasattr(os, "sched_getaffinity"):
         return total, True
-    mine = len(affinity(0))
+    mine = len(os.sched_getaffinity(0))
     return mine, mine >= total
 
 
@@ -540,20 +489,18 @@ def process_cpus(env: LaunchEnv, environ: Mapping[str, str] | None = None,
     """This process's share of its task's CPUs (at least 1): a launcher's workers share their
     task's set; where nothing is bound the node's processes share the machine; capped by
     SLURM_CPUS_PER_TASK.  Split between torch's threads and DataLoader workers (lesson 08)."""
-    environ = os.environ if environ is None else environ
     mine, whole_machine = usable_cpus() if cpus is None else cpus
     per_task = env.local_world_size if env.launcher in _WORKER_LAUNCHERS else 1
     share = mine // (env.local_world_size if whole_machine else per_task)
-    asked = _opt_int_var(environ, "SLURM_CPUS_PER_TASK", minimum=1)
-    if asked:
-        share = min(share, asked // per_task)
-    return max(1, share)
+    asked = _opt_int_var(os.environ if environ is None else environ, "SLURM_CPUS_PER_TASK",
+                         minimum=1)  # fmt: skip
+    return max(1, min(share, asked // per_task) if asked else share)
 
 
 def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
                 cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
-    """Threads for ``torch.set_num_threads``: OMP_NUM_THREADS if set (torchrun sets 1), else
-    :func:`process_cpus`; otherwise each process takes every core and they fight over them."""
+    """Threads for ``torch.set_num_threads``: OMP_NUM_THREADS if set, else :func:`process_cpus`;
+    otherwise each process takes every core and they fight over them."""
     environ = os.environ if environ is None else environ
     hint = "Set it to a whole number of threads, e.g. 4, or unset it."
     return _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint) or process_cpus(
@@ -568,17 +515,15 @@ def dist_timeout(environ: Mapping[str, str] | None = None) -> datetime.timedelta
     """How long a rank waits for the others (rendezvous, every collective): COURSE_DIST_TIMEOUT
     seconds, else 600.  Minutes, since ranks legitimately wait (a checkpoint, a slow import);
     the failure demos and tests set a few seconds so that a hang ends quickly."""
-    text = (os.environ if environ is None else environ).get(TIMEOUT_VAR)
-    if text is None:
-        return datetime.timedelta(seconds=DEFAULT_TIMEOUT_S)
+    text = (os.environ if environ is None else environ).get(TIMEOUT_VAR, str(DEFAULT_TIMEOUT_S))
     try:
-        value = float(text)
+        seconds = float(text)
     except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
         raise LaunchError(f"{TIMEOUT_VAR}={text!r} is not a positive number of seconds; "
                           f"set e.g. {TIMEOUT_VAR}=600 or unset it.")  # fmt: skip
-    return datetime.timedelta(seconds=value)
+    return datetime.timedelta(seconds=seconds)
 
 
 def init_error_message(env: LaunchEnv, exc: BaseException) -> str:
@@ -589,11 +534,9 @@ def init_error_message(env: LaunchEnv, exc: BaseException) -> str:
     if "Duplicate GPU detected" in text:
         return (f"rank {env.rank}: two ranks drive one GPU ({first}); give each task its own "
                 f"GPU (--gpus-per-task=1) or start one process per GPU.")  # fmt: skip
-    return (
-        f"rank {env.rank}: could not join the process group at MASTER_ADDR={env.master_addr} "
-        f"MASTER_PORT={env.master_port} ({first}). Check that all {env.world_size} processes "
-        f"started and can reach that address (a longer wait: {TIMEOUT_VAR}=<seconds>)."
-    )
+    return (f"rank {env.rank}: could not join the process group at MASTER_ADDR={env.master_addr} "
+            f"MASTER_PORT={env.master_port} ({first}). Check that all {env.world_size} processes "
+            f"started and can reach that address (a longer wait: {TIMEOUT_VAR}=<seconds>).")
 
 
 if __name__ == "__main__":  # python -m common.env [--export]: the command line is common/env_cli.py

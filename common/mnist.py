@@ -1,11 +1,10 @@
 """MNIST for lesson 03 (and 05, 07, 08): the data, the model, the optimizer, the evaluation.
 
-The four original idx files are read by ``torchvision.datasets.MNIST(DIR, download=False)``
-from ``DIR/MNIST/raw/``, DIR being ``$MNIST_DIR`` or ``<course>/data/mnist``, after a check of
-their MD5 by common/mnist_prepare.py (torchvision checks the files it downloads, not the ones
-it finds).  Compute nodes
-often have no internet: prepare the files once, on the login node, with
-``python -m common.mnist_prepare`` (common/mnist_prepare.py).
+``torchvision.datasets.MNIST(DIR, download=False)`` reads the four original idx files in
+``DIR/MNIST/raw/`` (DIR: ``$MNIST_DIR``, else ``<course>/data/mnist``) once common/mnist_prepare.py,
+where it lies beside, has checked their MD5 (torchvision checks what it downloads, not what it
+finds).  Compute nodes often have no internet: prepare the files once, on the login node, with
+``python -m common.mnist_prepare``.
 """
 
 from __future__ import annotations
@@ -18,11 +17,6 @@ if TYPE_CHECKING:
     import torch
 
 COURSE_ROOT = Path(__file__).resolve().parent.parent
-
-SPLIT_FILES = {
-    True: ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
-    False: ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
-}
 MEAN, STD = 0.1307, 0.3081  # of the training images scaled to [0, 1]
 PREPARE_CMD = "python -m common.mnist_prepare"
 
@@ -45,31 +39,21 @@ def load_mnist(
     train: bool = True, data_dir: Path | str | None = None, verify: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(images, labels)``: uint8 ``[N, 28, 28]`` and int64 ``[N]``, the whole split as
-    ``torchvision.datasets.MNIST`` holds it (``.data``, ``.targets``).  ``verify`` checks the
-    MD5 of both files first (about a tenth of a second), where common/mnist_prepare.py is."""
+    ``torchvision.datasets.MNIST`` holds it (``.data``, ``.targets``).  ``verify``: the MD5 of
+    both files first (a tenth of a second), where common/mnist_prepare.py is."""
     from torchvision.datasets import MNIST
 
     root = Path(data_dir) if data_dir is not None else default_data_dir()
-    checks = _prepare_module() if verify else None
-    if checks:
-        for name in SPLIT_FILES[train]:
-            checks.check_file(raw_dir(root) / name)
+    if verify and Path(__file__).with_name("mnist_prepare.py").is_file():
+        from common.mnist_prepare import check_split  # who may read the files, their MD5
+
+        check_split(raw_dir(root), train)
     try:
         dataset = MNIST(root, train=train, download=False)
     except RuntimeError as exc:  # torchvision's "Dataset not found. You can use download=True"
         raise MnistDataError(f"MNIST is not in {raw_dir(root)} ({exc}); prepare it once, on the "
                              f"login node: {PREPARE_CMD}") from None  # fmt: skip
     return dataset.data, dataset.targets
-
-
-def _prepare_module():
-    """common/mnist_prepare.py (the files' MD5, who may read them) where it lies beside this
-    file, else None: a project that took mnist.py alone gets torchvision's own checks."""
-    if not Path(__file__).with_name("mnist_prepare.py").is_file():
-        return None
-    import importlib
-
-    return importlib.import_module("common.mnist_prepare")
 
 
 def normalize(images: torch.Tensor) -> torch.Tensor:
@@ -128,12 +112,9 @@ def load_data(device, train_subset: int = 0, test_subset: int = 0) -> list[torch
 
 
 def evaluate(model, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000):
-    """(loss, accuracy %) on the whole test set, the work shared by all ranks of the group.
-
-    Each rank scores its own slice; summing the counts over the ranks gives the exact figure
-    for the full set (averaging per-rank accuracies would weigh unequal slices wrongly, and
-    DistributedSampler would pad the last slice with repeated images).
-    """
+    """(loss, accuracy %) on the whole test set, each rank scoring its own slice: the counts
+    summed over the ranks give the exact figure (averaging per-rank accuracies would weigh
+    unequal slices wrongly, and DistributedSampler would pad a slice with repeated images)."""
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F

@@ -107,6 +107,13 @@ def _unreadable(path: Path, problem: str) -> MnistDataError:
     )
 
 
+def check_split(raw: Path, train: bool) -> None:
+    """check_file on both files of the training (or the test) split in the raw folder ``raw``."""
+    for name in MD5:
+        if name.startswith("train" if train else "t10k"):
+            check_file(raw / name)
+
+
 def check_file(path: Path) -> None:
     """Raise MnistDataError naming ``path`` and the fix if it is missing, unreadable or its MD5
     is wrong."""

@@ -92,7 +92,26 @@ QUICK = {
 }
 
 # What QUICK's runs must print, where the exit status alone says little.
+CARRY_COUNT = (
+    "wc -l lessons/03_ddp_mnist/train.py $(sed -n 's|^from common\\.\\([a-z_]*\\) import.*|"
+    "common/\\1.py|p' lessons/03_ddp_mnist/train.py)")
+
+
+def _carry_count_as_said(out: str) -> bool:
+    """README.md says the lines a student carries from lesson 03: the figures wc prints now."""
+    counts = {Path(name).name: int(n) for n, name in re.findall(r"(?m)^\s*(\d+) (\S+)$", out)}
+    common = sum(n for name, n in counts.items() if name not in ("train.py", "total"))
+    said = " ".join((ROOT / "README.md").read_text().split())
+    wanted = [f"{counts['total']:,} lines, {counts['train.py']} of them train.py and {common:,}",
+              *(f"`{name}` {n}" for name, n in counts.items() if name not in ("train.py", "total"))]
+    missing = [w for w in wanted if w not in said]
+    assert not missing, f"README.md's count is stale; wc -l says: {missing}"
+    return True
+
+
 QUICK_OUTPUT = {
+    # README.md's count of the lines a student carries agrees with wc's.
+    CARRY_COUNT: _carry_count_as_said,
     # The failure's own exit status, which the line prints.
     'python lessons/01_hello_allreduce/hello_allreduce.py --nprocs 2 --break-rank 1; '
     'echo "exit $?"': lambda out: re.search(r"(?m)^exit [1-9]\d*$", out),
