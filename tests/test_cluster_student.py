@@ -10,6 +10,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,11 +67,19 @@ def as_student(course, *cmd, timeout=60):
     )  # fmt: skip
 
 
-def submit_as_student(cluster_lock, course, script, *args, timeout=240):
+def sbatch_as_student(course, script, *args, env=None) -> str:
+    """Submit SCRIPT as the student from the course copy, ``NAME=value`` of ENV in front (as a
+    README shows them); returns the job id.  The output goes to ``slurm-<jobid>.out`` there."""
+    assignments = [f"{name}={value}" for name, value in (env or {}).items()]
+    proc = as_student(course, *assignments, "sbatch", "--parsable", "--output=slurm-%j.out",
+                      script, *args)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.strip().split(";")[0]
+
+
+def submit_as_student(cluster_lock, course, script, *args, env=None, timeout=240):
     with cluster_lock():
-        proc = as_student(course, "sbatch", "--parsable", "--output=slurm-%j.out", script, *args)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        job = proc.stdout.strip().split(";")[0]
+        job = sbatch_as_student(course, script, *args, env=env)
         try:
             state, code, record = wait_job(job, timeout=timeout)
         except TimeoutError:
@@ -82,19 +91,60 @@ def submit_as_student(cluster_lock, course, script, *args, timeout=240):
 
 @pytest.mark.timeout(600)
 def test_student_runs_lesson03_from_own_copy(cluster_lock, course_copy):
-    """Lesson 03's job on the cluster: the one run of it under `make test` is the student's."""
+    """Lesson 03's job on the cluster: the one run of it under `make test` is the student's,
+    the README's `sbatch lessons/03_ddp_mnist/job.sh 1` on 8,000 images (SUBSET)."""
     job, state, code, record, out = submit_as_student(
-        cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", "1", "--train-subset", "8000",
-    )  # fmt: skip
+        cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", "1", env={"SUBSET": "8000"})
     text = out.read_text()
     assert (state, code) == ("COMPLETED", 0), text
     assert record["UserId"].startswith(f"{USER}("), record
     assert out.stat().st_uid == pwd.getpwnam(USER).pw_uid  # written by the student's job
     check_job_output(text, epochs=1, min_acc=95.0)  # 97 % on these 8000 images
+    assert "training 1 epochs on 8000 images" in text, text
     ckpt = course_copy / "checkpoints" / f"ddp_mnist-{job}.pt"
     assert f"epochs 1, checkpoint {ckpt}" in text, text
     assert ckpt.stat().st_uid == pwd.getpwnam(USER).pw_uid
     assert load(ckpt)["epoch"] == 1
+
+
+@pytest.mark.long  # about 50 s: four runs of lesson 03 (make test-long)
+@pytest.mark.timeout(600)
+def test_student_runs_lesson03_readme_then_stops_and_resumes(cluster_lock, course_copy):
+    """Lesson 03's README as a student types it, on the first 2,048 and 6,000 images (SUBSET):
+    the default job (3 epochs); then §4, a run saved in checkpoints/mine.pt, stopped after an
+    epoch (scancel) and resumed by the same command, twice: the second finds nothing to do."""
+    job, state, code, record, out = submit_as_student(
+        cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", env={"SUBSET": "2048"})
+    text = out.read_text()
+    assert (state, code) == ("COMPLETED", 0), text
+    check_job_output(text, epochs=3, min_acc=50.0)  # it learns: 10 % is a guess
+    ckpt = course_copy / "checkpoints" / "mine.pt"
+    assert not (course_copy / "checkpoints" / f"ddp_mnist-{job}.pt.old").exists()
+
+    env = {"SUBSET": "6000", "CHECKPOINT": "checkpoints/mine.pt"}
+    with cluster_lock():
+        first = sbatch_as_student(course_copy, "lessons/03_ddp_mnist/job.sh", "3", env=env)
+        try:
+            deadline = time.monotonic() + 180
+            while not ckpt.exists() and time.monotonic() < deadline:
+                time.sleep(0.1)  # written by a rename: there whole, or not at all
+        finally:
+            subprocess.run(["scancel", first], capture_output=True, timeout=30)
+        state, _, _ = wait_job(first, timeout=60)
+    assert state == "CANCELLED", (course_copy / f"slurm-{first}.out").read_text()
+    saved = load(ckpt)["epoch"]
+    assert 1 <= saved < 3, saved
+    _, state, code, _, out = submit_as_student(
+        cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", "3", env=env)
+    text = out.read_text()
+    assert (state, code) == ("COMPLETED", 0), text
+    assert f"resumed from checkpoints/mine.pt after epoch {saved}" in text, text
+    assert "done: test_acc" in text and load(ckpt)["epoch"] == 3, text
+    _, state, code, _, out = submit_as_student(
+        cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", env=env)
+    text = out.read_text()
+    assert (state, code) == ("COMPLETED", 0), text
+    assert "nothing to do: checkpoints/mine.pt has finished all 3 epochs" in text, text
 
 
 @pytest.mark.timeout(300)

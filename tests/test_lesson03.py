@@ -272,6 +272,7 @@ def submit(cluster_lock, tmp_path, *job_args, env=None, timeout=240):
     [
         ({}, ["-3"], "error: EPOCHS='-3' is not a whole number of epochs >= 1: pass e.g. 3"),
         ({"EPOCHS": "two"}, [], "error: EPOCHS='two' is not a whole number of epochs"),
+        ({"SUBSET": "2k"}, ["1"], "error: SUBSET='2k' is not a whole number of images >= 1"),
         ({"MNIST_DIR": "/nonexistent/mnist"}, ["1"],
          "error: /nonexistent/mnist/MNIST/raw/train-images-idx3-ubyte is missing: prepare the "
          "data once, on the login node: python -m common.mnist"),

@@ -171,18 +171,6 @@ NOT_RUN = {
     "python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out --png again.png": (
         "needs a scaling job's output", "tests/test_lesson08.py"),
     # Jobs the tests submit with fewer epochs, images or steps (the tests named do), or not at all.
-    "sbatch lessons/03_ddp_mnist/job.sh": (
-        "3 epochs of 60,000 images, minutes here (make demo runs it)",
-        "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy"),
-    "sbatch lessons/03_ddp_mnist/job.sh 1": (
-        "an epoch of 60,000 images, about 30 s alone but 50 s among make test's runs (the test: "
-        "of 8,000)", "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy"),
-    "CHECKPOINT=checkpoints/mine.pt sbatch lessons/03_ddp_mnist/job.sh": (
-        "3 epochs; the resume is tested on train.py (tests/test_lesson03.py)",
-        "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy"),
-    "CHECKPOINT=checkpoints/mine.pt sbatch lessons/03_ddp_mnist/job.sh 3": (
-        "3 epochs; the resume is tested on train.py (tests/test_lesson03.py)",
-        "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy"),
     "sbatch lessons/05_fault_tolerance/requeue.sh": (
         "3 epochs on 2 nodes waiting for the time-limit warning (the test: 1 epoch on 1 node)",
         "tests/test_lesson05.py::test_warning_then_preemption_then_resume"),
@@ -487,7 +475,7 @@ def _join(a: str, b: str) -> str:
 
 
 # Functions of the tests that submit a script without "sbatch" in their arguments.
-SUBMITTERS = {"sbatch_wait", "submit_job", "submit_as_student", "sbatch"}
+SUBMITTERS = {"sbatch_wait", "submit_job", "submit_as_student", "sbatch_as_student", "sbatch"}
 SBATCH_AFTER = {"sbatch_wait"}  # the fixture: sbatch options after the script, script_args=
 
 
@@ -565,6 +553,7 @@ HARNESS_ENV = ("COURSE_",)  # what a test sets for the local cluster (timeouts, 
 # The variables a script's header offers for a shorter run of the same job (fewer steps, fewer
 # cases), besides its arguments: a test may set them and still submit the README's command.
 SHORTER = {
+    "lessons/03_ddp_mnist/job.sh": ("SUBSET",),
     "lessons/08_data_pipeline/scaling.sh": ("MODES", "SHAPES", "STEPS"),
     "lessons/09_beyond_data_parallel/tp.sh": ("STEPS",),
     "lessons/09_beyond_data_parallel/pp.sh": ("MICROBATCHES", "STEPS"),
@@ -634,7 +623,7 @@ def test_collection_finds_every_readme_command():
     assert counts == {
         "README.md": 10, "cluster/README.md": 9, "lessons/00_slurm_basics/README.md": 10,
         "lessons/01_hello_allreduce/README.md": 9, "lessons/02_launch_vs_srun/README.md": 2,
-        "lessons/03_ddp_mnist/README.md": 10, "lessons/04_torchrun_enroot/README.md": 14,
+        "lessons/03_ddp_mnist/README.md": 11, "lessons/04_torchrun_enroot/README.md": 14,
         "lessons/05_fault_tolerance/README.md": 11, "lessons/06_diagnosing_hangs/README.md": 2,
         "lessons/07_fsdp_sharding/README.md": 5, "lessons/08_data_pipeline/README.md": 7,
         "lessons/09_beyond_data_parallel/README.md": 7,

@@ -7,6 +7,8 @@
 #   sbatch lessons/03_ddp_mnist/job.sh 1        # another number of epochs (or EPOCHS=1 sbatch ...)
 #   sbatch lessons/03_ddp_mnist/job.sh 2 --sync-bn   # more arguments go to train.py
 #   CHECKPOINT=checkpoints/x.pt sbatch ...      # continue (or start) the run saved in x.pt
+#   SUBSET=2048 sbatch ...                      # a quick first run: the first 2,048 images of
+#                                               # each set (train.py's --train/--test-subset)
 #
 #SBATCH --job-name=ddp-mnist
 #SBATCH --nodes=2
@@ -27,6 +29,10 @@ EPOCHS=${1:-${EPOCHS:-3}}
 (( $# )) && shift  # what is left in "$@" goes on to train.py
 # Refuse bad input here, in one line, before srun starts 4 processes that would all fail.
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 1 ]] || { echo "error: EPOCHS='$EPOCHS' is not a whole number of epochs >= 1: pass e.g. 3 (sbatch lessons/03_ddp_mnist/job.sh 3)" >&2; exit 2; }
+if [[ -n ${SUBSET:-} ]]; then
+    [[ $SUBSET =~ ^[1-9][0-9]*$ ]] || { echo "error: SUBSET='$SUBSET' is not a whole number of images >= 1: pass e.g. SUBSET=2048, or unset it for all of MNIST" >&2; exit 2; }
+    set -- --train-subset "$SUBSET" --test-subset "$SUBSET" "$@"
+fi
 # MNIST_DIR is torchvision's root: torchvision.datasets.MNIST reads the files in MNIST/raw/.
 data=${MNIST_DIR:-$COURSE_ROOT/data/mnist}/MNIST/raw
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
