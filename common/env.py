@@ -299,7 +299,8 @@ def _from_torch_launcher(environ, argv, ancestors, step):
                               f"--nnodes={step.ntasks} (one agent per srun task).")  # fmt: skip
 
     if (local_rank is None) != (local_world_size is None):
-        raise LaunchError("Only one of LOCAL_RANK and LOCAL_WORLD_SIZE is set; set both or none.")
+        raise LaunchError("Only one of LOCAL_RANK and LOCAL_WORLD_SIZE is set; set both or "
+                          "neither.")  # fmt: skip
     if local_rank is None:  # one node, as with two processes started by hand
         local_rank, local_world_size = rank, world_size
     node_rank = rank // local_world_size if node_rank is None else node_rank
