@@ -452,11 +452,12 @@ def wait_job(job_id: str, timeout: float, poll: float = POLL_S) -> tuple[str, in
         time.sleep(poll)
 
 
-def slurm(*args, timeout: float = 30) -> str:
-    """Run a SLURM command from the repository root: its stdout, stripped (for `sbatch
-    --parsable`, the job id alone); the test fails with the command's output if it fails."""
+def slurm(*args, timeout: float = 30, env: dict[str, str] | None = None) -> str:
+    """Run a SLURM command from the repository root, ENV added to its environment (as
+    ``NAME=value sbatch ...``): its stdout, stripped (for `sbatch --parsable`, the job id
+    alone); the test fails with the command's output if it fails."""
     proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, cwd=ROOT,
-                          timeout=timeout, env=job_environ())  # fmt: skip
+                          timeout=timeout, env=job_environ(env))  # fmt: skip
     assert proc.returncode == 0, f"{' '.join(map(str, args))}: {proc.stdout}{proc.stderr}"
     out = proc.stdout.strip()
     return out.split(";")[0] if tuple(map(str, args[:2])) == ("sbatch", "--parsable") else out

@@ -234,19 +234,18 @@ def test_sample_outputs_in_the_lesson_folder():
 @pytest.mark.long  # about 60 s: a job, its requeue and its resume (make test-long, test-slurm)
 @pytest.mark.timeout(300)
 def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, tmp_path):
-    out, ckpt = tmp_path / "job.out", tmp_path / "ckpt"
+    """The README's §5 as written, on the first 12,800 images (SUBSET: 100 steps an epoch)."""
+    out = tmp_path / "job.out"
 
     def log():
         return out.read_text() if out.exists() else ""
 
     with cluster_lock():
-        job = slurm("sbatch", "--parsable", f"--output={out}",
-                    f"--export=ALL,CHECKPOINT_DIR={ckpt}", LESSON / "job.sh", "1",
-                    "--train-subset", "3000", "--test-subset", "1000",
-                    "--log-every", "5")  # fmt: skip
+        job = slurm("sbatch", "--parsable", f"--output={out}", LESSON / "job.sh",
+                    env={"SUBSET": "12800"})  # fmt: skip
         other = None
         try:
-            wait_for("a progress line", lambda: "batch 10/" in log(), 120)
+            wait_for("a progress line", lambda: "batch 50/" in log(), 120)
             # Another user's job that wants node2 whole: it starts as soon as ours lets go.
             other = slurm("sbatch", "--parsable", "--nodelist=node2", "--exclusive",
                           "--output=/dev/null", "--wrap", "sleep 300")  # fmt: skip
@@ -266,11 +265,13 @@ def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, t
             for j in (job, other):
                 if j:
                     subprocess.run(["scancel", j], capture_output=True, timeout=30)
+            shutil.rmtree(ROOT / "checkpoints" / f"fsdp-{job}", ignore_errors=True)
     text = log()
     assert (state, code) == ("COMPLETED", 0), text
     assert record.get("NodeList") == "node1", record
-    check_resume(text, same_test_set=False)  # export.py scores all 10,000 test images
-    assert [r["epoch"] for r in parse_log(text)] == [1], text
+    assert f"epochs 2, checkpoints in {ROOT}/checkpoints/fsdp-{job}" in text, text
+    check_resume(text)  # 12,800 test images asked for: all 10,000, as export.py scores
+    assert [r["epoch"] for r in parse_log(text)] == [1, 2], text
 
 
 
