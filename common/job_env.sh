@@ -190,3 +190,18 @@ course_need_file() {
     echo "error: $file is missing: $fix" >&2
     return 2
 }
+
+# course_subset: SUBSET=N in front of sbatch asks the MNIST jobs (lessons 03, 05, 07) for a
+# quicker run on the first N images of each set: SUBSET_ARGS holds train.py's arguments for it
+# (none when SUBSET is unset); anything but a whole number is one line, and status 2.
+#     course_subset || exit 2; set -- "${SUBSET_ARGS[@]}" "$@"
+# shellcheck disable=SC2034  # SUBSET_ARGS is read by the job script that sourced this file
+course_subset() {
+    SUBSET_ARGS=()
+    [[ -z ${SUBSET:-} ]] && return 0
+    if [[ ! $SUBSET =~ ^[1-9][0-9]*$ ]]; then
+        echo "error: SUBSET='$SUBSET' is not a whole number of images >= 1: pass e.g. SUBSET=2048, or unset it for all of MNIST" >&2
+        return 2
+    fi
+    SUBSET_ARGS=(--train-subset "$SUBSET" --test-subset "$SUBSET")
+}

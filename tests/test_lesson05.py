@@ -188,26 +188,27 @@ SMALL = ["--train-subset", "14000", "--test-subset", "2000", "--log-every", "20"
 @pytest.mark.long  # about 70 s of grace times and requeues: make test-long
 @pytest.mark.timeout(420)
 def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
-    out, ckpt = tmp_path / "job.out", tmp_path / "ckpt.pt"
+    """The README's §1 and §2 as written (requeue.sh: 3 epochs on 2 nodes x 2 ranks) on the
+    first 12,800 images (SUBSET: 100 steps an epoch, a progress line at the last): warned,
+    requeued, preempted by the urgent partition, requeued, finished."""
+    out = tmp_path / "job.out"
     def log():
         return out.read_text() if out.exists() else ""
 
     with cluster_lock():
-        # One node of two ranks: the urgent job needs every GPU of both nodes, so it preempts
-        # this job all the same (the sample outputs show the script's own two nodes).
-        job = slurm("sbatch", "--parsable", "--nodes=1", f"--output={out}",
-                    f"--export=ALL,CHECKPOINT={ckpt}", LESSON / "requeue.sh", "1",
-                    *SMALL)  # fmt: skip
+        job = slurm("sbatch", "--parsable", f"--output={out}", LESSON / "requeue.sh",
+                    env={"SUBSET": "12800"})  # fmt: skip
+        ckpt = ROOT / "checkpoints" / f"ft-{job}.pt"
         urgent = None
         try:
             # 1. The time-limit warning, sent now: what --signal=B:USR1@120 sends before the end.
-            wait_for("a progress line", lambda: "batch 20/" in log(), 120)
+            wait_for("a progress line", lambda: "batch 100/" in log(), 120)
             slurm("scancel", "--signal=USR1", "--batch", job)
             release_after_requeue(job, 1)
             # 2. Preemption: a job of partition urgent needs every GPU of both nodes.
-            # (A progress line of the resumed run itself: the first run may have printed
-            # "batch 40/" before it stopped, and a preemption while the resumed run is still
-            # starting, before train.py's handler is in place, ends it with 143, not requeued.)
+            # (A progress line of the resumed run itself: a preemption while the resumed run is
+            # still starting, before train.py's handler is in place, ends it with 143, not
+            # requeued.)
             wait_for("the resumed run", lambda: re.search(
                 r"batch \d+/", log().partition("SLURM_RESTART_COUNT=1")[2]), 120)  # fmt: skip
             urgent = slurm("sbatch", "--parsable", f"--output={tmp_path}/urgent.out",
@@ -226,17 +227,20 @@ def test_warning_then_preemption_then_resume(cluster, cluster_lock, tmp_path):
             for j in (job, urgent):
                 if j:
                     subprocess.run(["scancel", j], capture_output=True, timeout=30)
+            ckpt.unlink(missing_ok=True)
     text = log()
     assert (state, code) == ("COMPLETED", 0), text
     assert record.get("Restarts") == str(restarts), record
-    stops = re.findall(r"checkpoint saved at epoch 1, step (\d+); exiting with 75", text)
-    assert len(stops) == 2 and int(stops[0]) < int(stops[1]), text
+    assert "world size 4, 100 steps per epoch" in text, text  # the script's 2 nodes x 2 ranks
+    stops = re.findall(r"checkpoint saved at epoch (\d+), step (\d+); exiting with 75", text)
+    assert len(stops) == 2 and [int(e) * 10**6 + int(s) for e, s in stops] == sorted(
+        int(e) * 10**6 + int(s) for e, s in stops), text
     # The warning reaches the batch shell (B:), which passes it on; preemption signals the tasks.
     assert "got SIGUSR1" in text and "stop requested (signal 15)" in text, text
-    for restart, step in enumerate(stops, 1):
+    for restart, (epoch, step) in enumerate(stops, 1):
         assert f"SLURM_RESTART_COUNT={restart}" in text, text
-        assert f"resumed from {ckpt} at epoch 1, step {step}" in text, text
-    assert re.search(r"done: test_acc \d+\.\d+% after 1 epochs", text), text
+        assert f"resumed from {ckpt} at epoch {epoch}, step {step}" in text, text
+    assert re.search(r"done: test_acc \d+\.\d+% after 3 epochs", text), text
 
 
 def training_pids(job: str) -> list[int]:
@@ -292,52 +296,68 @@ def test_stop_while_python_starts_is_requeued(cluster, cluster_lock, tmp_path):
 
 @pytest.mark.timeout(300)
 def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_path):
+    """The README's §3 as written, on the first 1,024 images of each set (SUBSET): the array's
+    3 links, one at a time, each resuming the last; then a separate job of one more link
+    (--array=4 replaces the script's 1-3%1) after the array (afterany), in the same chain
+    (CHAIN=<the array's id>): it finds the training finished and says so."""
     out = tmp_path / "chain.out"
-    env = f"--export=ALL,EPOCHS=3,CHAIN=test,CHECKPOINT={tmp_path}/chain.pt"
-    # What is checked is the chain (one link at a time, afterany, each resuming the last), not
-    # the size of a link: one rank on one node each (the sample output shows the script's two
-    # nodes of two ranks).
-    size = ["--nodes=1", "--ntasks-per-node=1"]
-    args = ["--train-subset", "1024", "--test-subset", "500", "--log-every", "1000"]
+    subset = {"SUBSET": "1024"}
     with cluster_lock():
-        array = slurm("sbatch", "--parsable", "--array=1-2%1", *size, f"--output={out}", env,
-                      LESSON / "chain.sh", *args)  # fmt: skip
-        last = slurm("sbatch", "--parsable", "--array=3", *size, f"--dependency=afterany:{array}",
-                     f"--output={out}", env, LESSON / "chain.sh", *args)  # fmt: skip
+        array = slurm("sbatch", "--parsable", f"--output={out}", LESSON / "chain.sh",
+                      env=subset)  # fmt: skip
+        last = slurm("sbatch", "--parsable", "--array=4", f"--dependency=afterany:{array}",
+                     f"--output={out}", f"--export=ALL,CHAIN={array}", LESSON / "chain.sh",
+                     env=subset)  # fmt: skip
         try:
-            state, code, _ = wait_job(f"{last}_3", timeout=240)
+            state, code, _ = wait_job(f"{last}_4", timeout=240)
         finally:
             subprocess.run(["scancel", array, last], capture_output=True, timeout=30)
+            (ROOT / "checkpoints" / f"ft-chain-{array}.pt").unlink(missing_ok=True)
     text = out.read_text()
     assert (state, code) == ("COMPLETED", 0), text
-    assert [int(n) for n in re.findall(r"=== link (\d) of chain test", text)] == [1, 2, 3], text
+    links = re.findall(rf"=== link (\d) of chain {array} ", text)
+    assert [int(n) for n in links] == [1, 2, 3, 4], text
     assert [r["epoch"] for r in parse_log(text)] == [1, 2, 3], text
-    assert text.count("resumed from") == 2 and "done: test_acc" in text, text
+    assert text.count("resumed from") == 3 and "done: test_acc" in text, text
+    assert "nothing to do" in text.rpartition(f"=== link 4 of chain {array}")[2], text
 
 
-@pytest.mark.timeout(300)
-def test_faulty_node_is_named_then_excluded(cluster, cluster_lock, tmp_path):
-    args = ["1", "--train-subset", "2048", "--test-subset", "500", "--faulty-node", "node2",
-            "--crash-in-epoch", "1", "--crash-at-step", "3"]  # fmt: skip
-    results = []
-    # What is checked is the faulty node, named and then left out, not the number of workers on
-    # a node: one GPU, so one worker, per node (the sample outputs show the script's two).
+@pytest.mark.timeout(400)
+def test_crashed_rank_restarted_then_faulty_node_named_then_excluded(cluster, cluster_lock,
+                                                                    tmp_path):  # fmt: skip
+    """The README's §4 as written, on the first 2,048 images of each set (SUBSET): rank 3
+    fails once and torchrun restarts every worker; then every worker of node2 fails in every
+    attempt, torchrun's report names node2, and the job without node2 runs."""
+    subset, results = {"SUBSET": "2048"}, {}
+
+    def finish(name: str, job: str) -> None:
+        try:
+            results[name] = (wait_job(job, timeout=150)[1], (tmp_path / f"{name}.out").read_text())
+        finally:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+            (ROOT / "checkpoints" / f"ft-crash-{job}.pt").unlink(missing_ok=True)
+
     with cluster_lock():
-        for extra in (["--gres=gpu:1"], ["--gres=gpu:1", "--nodes=1", "--exclude=node2"]):
-            out = tmp_path / f"crash{len(results)}.out"
-            job = slurm("sbatch", "--parsable", f"--output={out}", "--export=ALL,MAX_RESTARTS=0",
-                        *extra, LESSON / "crash.sh", *args)  # fmt: skip
-            try:
-                results.append((wait_job(job, timeout=150)[1], out.read_text()))
-            finally:
-                subprocess.run(["scancel", job], capture_output=True, timeout=30)
-    (failed, text), (ok, rerun) = results
-    assert failed != 0, text
+        finish("crash", slurm("sbatch", "--parsable", f"--output={tmp_path}/crash.out",
+                              LESSON / "crash.sh", "2", "--crash-rank", "3", env=subset))
+        finish("faulty", slurm("sbatch", "--parsable", f"--output={tmp_path}/faulty.out",
+                               LESSON / "crash.sh", "1", "--faulty-node", "node2",
+                               "--crash-in-epoch", "1", env=subset))  # fmt: skip
+        finish("without", slurm("sbatch", "--parsable", f"--output={tmp_path}/without.out",
+                                "--nodes=1", "--exclude=node2", LESSON / "crash.sh", "1",
+                                env=subset))  # fmt: skip
+    status, text = results["crash"]
+    assert status == 0 and "2 node(s) x 2 workers, torchrun --max-restarts 1" in text, text
+    assert "deliberate crash of rank 3" in text and "resumed from" in text, text
+    assert re.search(r"done: test_acc \d+\.\d+% after 2 epochs", text), text
+    status, text = results["faulty"]
+    assert status != 0, text
     # torchrun's report: the first failure, on its host, with the traceback @record saved in
     # its error file.
     root = text.partition("Root Cause (first observed failure)")[2]
     assert "error_file: /" in root and re.search(r"host +: node2", root), text
-    assert re.search(r"RuntimeError: deliberate crash of rank 1 on node2", root), text
+    assert re.search(r"RuntimeError: deliberate crash of rank [23] on node2", root), text
     assert "resubmit without it, sbatch --exclude=<host>" in text, text
-    assert ok == 0, rerun
-    assert "on node1: 1 node(s) x 1 workers" in rerun and "done: test_acc" in rerun, rerun
+    status, text = results["without"]
+    assert status == 0, text
+    assert "on node1: 1 node(s) x 2 workers" in text and "done: test_acc" in text, text

@@ -18,9 +18,8 @@ Each command falls into one class (table-driven, one test id per README line):
   an ``["sbatch", ...]`` list); options that only say where the output goes (``--output``,
   ``--chdir``, ``--parsable``) do not count. Submitting all of them (about 20 minutes here) is
   left to the tests that do. A test may shorten the job with the variables its script's header
-  offers for that (SHORTER: fewer steps or cases). A job the tests submit only with other
-  arguments (fewer epochs or images) is in NOT_RUN instead, which names a test that submits
-  that script;
+  offers for that (SHORTER: fewer images, steps or cases), nothing else. A job that needs
+  another job's id is in NOT_RUN, which names the test that runs it;
 * ``quick``: finishes in seconds: run (marked ``readme``, ``make test-readme``) from the course
   root with only the venv active (``VIRTUAL_ENV``, ``.venv/bin`` first on ``PATH``; no
   ``PYTHONPATH``, no ``COURSE_*``, ``SLURM_*``, ``SBATCH_*`` ...), expecting QUICK's exit status;
@@ -170,22 +169,7 @@ NOT_RUN = {
         "needs a job's checkpoints", "tests/test_lesson07.py"),
     "python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out --png again.png": (
         "needs a scaling job's output", "tests/test_lesson08.py"),
-    # Jobs the tests submit with fewer epochs, images or steps (the tests named do), or not at all.
-    "sbatch lessons/05_fault_tolerance/requeue.sh": (
-        "3 epochs on 2 nodes waiting for the time-limit warning (the test: 1 epoch on 1 node)",
-        "tests/test_lesson05.py::test_warning_then_preemption_then_resume"),
-    "sbatch lessons/05_fault_tolerance/chain.sh": (
-        "3 links of an epoch each (the test: smaller links on 1 node)",
-        "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job"),
-    "sbatch lessons/05_fault_tolerance/crash.sh 2 --crash-rank 3": (
-        "2 epochs, a restart (the test: a faulty node on a subset)",
-        "tests/test_lesson05.py::test_faulty_node_is_named_then_excluded"),
-    "sbatch lessons/05_fault_tolerance/crash.sh 1 --faulty-node node2 --crash-in-epoch 1": (
-        "an epoch of 60,000 images (the test: of 2,048)",
-        "tests/test_lesson05.py::test_faulty_node_is_named_then_excluded"),
-    "sbatch --nodes=1 --exclude=node2 lessons/05_fault_tolerance/crash.sh 1": (
-        "an epoch of 60,000 images (the test: of 2,048)",
-        "tests/test_lesson05.py::test_faulty_node_is_named_then_excluded"),
+    # Commands the tests run in a shorter form (the tests named do).
     "torchrun --standalone --nproc-per-node 2 "
     "lessons/09_beyond_data_parallel/tp.py --steps 20": (
         "20 steps of 2 processes", "tests/test_lesson09.py"),
@@ -551,6 +535,9 @@ HARNESS_ENV = ("COURSE_",)  # what a test sets for the local cluster (timeouts, 
 # cases), besides its arguments: a test may set them and still submit the README's command.
 SHORTER = {
     "lessons/03_ddp_mnist/job.sh": ("SUBSET",),
+    "lessons/05_fault_tolerance/requeue.sh": ("SUBSET",),
+    "lessons/05_fault_tolerance/chain.sh": ("SUBSET",),
+    "lessons/05_fault_tolerance/crash.sh": ("SUBSET",),
     "lessons/07_fsdp_sharding/job.sh": ("SUBSET",),
     "lessons/08_data_pipeline/scaling.sh": ("MODES", "SHAPES", "STEPS"),
     "lessons/09_beyond_data_parallel/tp.sh": ("STEPS",),

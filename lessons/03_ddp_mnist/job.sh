@@ -29,10 +29,8 @@ EPOCHS=${1:-${EPOCHS:-3}}
 (( $# )) && shift  # what is left in "$@" goes on to train.py
 # Refuse bad input here, in one line, before srun starts 4 processes that would all fail.
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 1 ]] || { echo "error: EPOCHS='$EPOCHS' is not a whole number of epochs >= 1: pass e.g. 3 (sbatch lessons/03_ddp_mnist/job.sh 3)" >&2; exit 2; }
-if [[ -n ${SUBSET:-} ]]; then
-    [[ $SUBSET =~ ^[1-9][0-9]*$ ]] || { echo "error: SUBSET='$SUBSET' is not a whole number of images >= 1: pass e.g. SUBSET=2048, or unset it for all of MNIST" >&2; exit 2; }
-    set -- --train-subset "$SUBSET" --test-subset "$SUBSET" "$@"
-fi
+course_subset || exit 2  # SUBSET=N: the first N images of each set
+set -- "${SUBSET_ARGS[@]}" "$@"
 # MNIST_DIR is torchvision's root: torchvision.datasets.MNIST reads the files in MNIST/raw/.
 data=${MNIST_DIR:-$COURSE_ROOT/data/mnist}/MNIST/raw
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do

@@ -6,6 +6,7 @@
 #
 #   sbatch lessons/05_fault_tolerance/chain.sh                # --array=1-3%1 below: 3 links
 #   sbatch --array=1-5%1 lessons/05_fault_tolerance/chain.sh  # 5 links
+#   SUBSET=2048 sbatch lessons/05_fault_tolerance/chain.sh    # quicker: the first 2,048 images
 #   # or as separate jobs of one link each, each starting once the one before has ended, however
 #   # it ended (--array=N on the command line replaces the 1-3%1 below, else each is 3 links):
 #   dep=()
@@ -41,6 +42,8 @@ EPOCHS_PER_RUN=${EPOCHS_PER_RUN:-1}  # of each link
 for v in EPOCHS EPOCHS_PER_RUN; do
     [[ ${!v} =~ ^[0-9]+$ && ${!v} -ge 1 ]] || { echo "error: $v='${!v}' is not a whole number >= 1: pass e.g. $v=1" >&2; exit 2; }
 done
+course_subset || exit 2  # SUBSET=N: the first N images of each set
+set -- "${SUBSET_ARGS[@]}" "$@"
 # Every link has its own job id; they share the array's id (SLURM_ARRAY_JOB_ID), or a name
 # given to every job of a dependency chain (CHAIN=...).
 CHAIN=${CHAIN:-${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}}

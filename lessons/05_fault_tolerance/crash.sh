@@ -12,6 +12,7 @@
 #       # every worker on node2 fails every time: restarts run out, the job fails, the report
 #       # names node2; then leave that node out:
 #   sbatch --nodes=1 --exclude=node2 lessons/05_fault_tolerance/crash.sh 2
+#   SUBSET=2048 sbatch ...   # any of them, quicker: the first 2,048 images of each set
 #
 #SBATCH --job-name=ft-crash
 #SBATCH --nodes=2
@@ -31,6 +32,8 @@ source "$COURSE_ROOT/common/job_env.sh"
 EPOCHS=${1:-${EPOCHS:-2}}
 (( $# )) && shift  # what is left in "$@" goes on to train.py
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 1 ]] || { echo "error: EPOCHS='$EPOCHS' is not a whole number of epochs >= 1: pass e.g. 2" >&2; exit 2; }
+course_subset || exit 2  # SUBSET=N: the first N images of each set
+set -- "${SUBSET_ARGS[@]}" "$@"
 NPROC_PER_NODE=${NPROC_PER_NODE:-2}  # workers per node: one per GPU
 MAX_RESTARTS=${MAX_RESTARTS:-1}
 # CPU threads per worker (unset, torchrun would set 1 and print a warning about it).

@@ -11,6 +11,7 @@
 # the job is put back in the queue; its next run resumes from the checkpoint.
 #
 #   sbatch lessons/05_fault_tolerance/requeue.sh [EPOCHS [train.py arguments...]]
+#   SUBSET=12800 sbatch lessons/05_fault_tolerance/requeue.sh   # quicker: the first 12,800 images
 #   scancel --signal=USR1 --batch <jobid>      # rehearse the warning now
 #   sbatch lessons/05_fault_tolerance/preempt.sh   # preempt it from partition "urgent"
 #
@@ -35,6 +36,8 @@ source "$COURSE_ROOT/common/job_env.sh"
 EPOCHS=${1:-${EPOCHS:-3}}
 (( $# )) && shift  # what is left in "$@" goes on to train.py
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 1 ]] || { echo "error: EPOCHS='$EPOCHS' is not a whole number of epochs >= 1: pass e.g. 3" >&2; exit 2; }
+course_subset || exit 2  # SUBSET=N: the first N images of each set
+set -- "${SUBSET_ARGS[@]}" "$@"
 # The checkpoint is keyed by the job id, which a requeued job keeps. Job ids start again at 1
 # when a cluster is re-created: a file there at the job's first run is an older job's.
 if [[ -z ${CHECKPOINT:-} ]]; then
