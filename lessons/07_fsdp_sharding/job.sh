@@ -8,7 +8,7 @@
 #   scancel --signal=USR1 --batch <jobid>             # rehearse the time-limit warning now
 #   scontrol update JobId=<jobid> NumNodes=1 NumTasks=2 NumCPUs=8   # requeued, waiting: shrink it
 #   CHECKPOINT_DIR=checkpoints/x sbatch ...           # continue (or start) the run saved in x
-#   SUBSET=12800 sbatch ...                           # a quicker run: the first 12,800 images
+#   SUBSET=6400 sbatch ...                            # a quicker run: the first 6,400 images
 #                                                     # of each set (--train/--test-subset)
 #
 #SBATCH --job-name=fsdp-mnist
