@@ -60,6 +60,18 @@ def nccl_version_text(version: tuple[int, ...] | int) -> str:
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
+def cudnn_version_text(version: int | None) -> str:
+    """torch.backends.cudnn.version() (an integer) as "major.minor.patch".
+
+    cudnn.h's CUDNN_VERSION is major * 1000 + minor * 100 + patch up to cuDNN 8 (8902 is
+    8.9.2) and major * 10000 + minor * 100 + patch from cuDNN 9 on (91900 is 9.19.0).
+    """
+    if version is None:
+        return "none"
+    major, rest = divmod(version, 10000 if version >= 90000 else 1000)
+    return f"{major}.{rest // 100}.{rest % 100}"
+
+
 def report() -> list[str]:
     """The lines ``python -m common.sysinfo`` prints, without the host prefix."""
     import torch
@@ -84,9 +96,9 @@ def report() -> list[str]:
         )
     else:
         count = torch.cuda.device_count()
+        cudnn = cudnn_version_text(torch.backends.cudnn.version())
         lines.append(
-            f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}, "
-            f"{count} visible GPU(s){slurm}"
+            f"CUDA {torch.version.cuda}, cuDNN {cudnn}, {count} visible GPU(s){slurm}"
         )
         for index in range(count):
             props = torch.cuda.get_device_properties(index)

@@ -62,6 +62,8 @@ t = torch.ones(1, device="cuda")
 dist.all_reduce(t)
 print(f"rank {dist.get_rank()}: all_reduce gave {t.item()}")
 dist.destroy_process_group()'
+# Lesson 02: the same hello under torchrun, the launcher that sets what srun would.
+run launch-hello 90 "${tr[@]}" lessons/02_launch_vs_srun/hello.py
 # Lesson 06: what NCCL_DEBUG=INFO prints (its version, network, communicators) ...
 run nccl-debug-info 90 env NCCL_DEBUG=INFO "${tr[@]}" lessons/01_hello_allreduce/hello_allreduce.py
 # ... the preflight, NCCL check included, and the all_reduce benchmark.
@@ -70,6 +72,12 @@ run allreduce-bench 120 "${tr[@]}" lessons/06_diagnosing_hangs/allreduce_bench.p
 # Lesson 03: DDP MNIST, the job's recipe (3 epochs): time to 99 % on a GPU.
 run ddp-mnist 300 "${tr[@]}" lessons/03_ddp_mnist/train.py
 run ddp-mnist-sync-bn 300 "${tr[@]}" lessons/03_ddp_mnist/train.py --epochs 1 --sync-bn
+# Lesson 04: the job torchrun starts in the containers (synthetic data).
+run torchrun-train 120 "${tr[@]}" lessons/04_torchrun_enroot/train.py
+# Lesson 05: rank 0 crashes in epoch 2; torchrun starts it again, it resumes from the epoch-1
+# checkpoint and NCCL's communicator is built anew.
+run ft-crash-restart 300 "${tr[@]}" --max-restarts 1 lessons/05_fault_tolerance/train.py \
+    --epochs 2 --crash-rank 0 --checkpoint "$ckpt/ft.pt"
 # Lesson 07: FSDP2 in bf16, stopped after 600 steps with a sharded DCP checkpoint (as at a time
 # limit), then the same run again, which resumes from it.
 run fsdp-mnist 300 "${tr[@]}" lessons/07_fsdp_sharding/train.py --max-steps 600 --checkpoint-dir "$ckpt/fsdp"
@@ -79,3 +87,7 @@ run fsdp-memory 180 "${tr[@]}" lessons/07_fsdp_sharding/memory.py
 [[ -d data/mnist-files/packed ]] || "$py" lessons/08_data_pipeline/mnist_files.py >/dev/null
 run loader-workers0 300 "${tr[@]}" lessons/08_data_pipeline/train.py --workers 0
 run loader-workers4 300 "${tr[@]}" lessons/08_data_pipeline/train.py --workers 4
+# Lesson 09: one GPU holds the whole model (tp 1, one pipeline stage): the DTensor and pipeline
+# code on CUDA with NCCL, with nothing to split.
+run tp 120 "${tr[@]}" lessons/09_beyond_data_parallel/tp.py --count-comms --steps 50
+run pp 120 "${tr[@]}" lessons/09_beyond_data_parallel/pp.py --steps 20

@@ -38,6 +38,17 @@ def test_split_equals_unsplit(what):
         assert line in proc.stdout, proc.stdout
 
 
+def test_tp_on_one_rank_counts_no_collective_in_the_model():
+    """--tp 1 (one rank, as on a one-GPU machine): the plan still applies and trains, and the
+    count says so: nothing crosses ranks but loss_parallel's own reductions."""
+    proc = run_ranks(1, [sys.executable, str(LESSON / "tp.py"), "--count-comms", "--steps", "2"],
+                     timeout=TIMEOUT)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "collectives layers.0        forward: - | backward: -" in proc.stdout, proc.stdout
+    assert "collectives partial grads   -" in proc.stdout, proc.stdout
+    assert "done: 2 steps in " in proc.stdout, proc.stdout
+
+
 # Refused before the process group: one process that is told it is rank 0 of 2 says it alone.
 BAD = [
     ("tp.py", "--tp 3", "error: --tp 3 does not divide the world size 2: the mesh is (dp, tp) = "

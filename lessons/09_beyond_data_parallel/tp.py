@@ -190,11 +190,12 @@ def count_comms(model, optimizer, x, y, tp: int) -> None:
         c = per_module.get(fqn, empty)
         print0(f"  collectives {fqn:<15} forward: {fmt(c['forward'])} | "
                f"backward: {fmt(c['backward'])}")  # fmt: skip
-    model_total = next(c for fqn, c in comm.comm_module_counts.items() if "." not in fqn
-                       and fqn != "Global")  # fmt: skip
+    # With --tp 1 nothing is exchanged and CommDebugMode records no module at all.
+    model_total = next((c for fqn, c in comm.comm_module_counts.items() if "." not in fqn
+                        and fqn != "Global"), empty)  # fmt: skip
     # What runs outside the model's modules: loss_parallel's reductions over the tp group.
     outside = {op: n - model_total["forward"].get(op, 0)
-               for op, n in per_module["Global"]["forward"].items()}  # fmt: skip
+               for op, n in per_module.get("Global", empty)["forward"].items()}  # fmt: skip
     print0(f"  collectives {'loss_parallel':<15} forward: "
            f"{fmt({op: n for op, n in outside.items() if n})}")  # fmt: skip
     print0(f"  collectives {'partial grads':<15} {fmt(step.get_comm_counts())}")
