@@ -198,8 +198,9 @@ def run(args, env, device) -> int:
             busy_one = sum(time_stage_alone(mod, args, device, i == 0, i == num_stages - 1)
                            for mod, i in zip(modules, indices, strict=True))  # fmt: skip
             # The slowest rank sets the step time; the busiest sets the work done.
+            # On the device: NCCL reduces GPU tensors only (gloo takes either).
             stats = torch.tensor([statistics.median(times), m * busy_one, losses[-1]
-                                  if losses else 0.0])  # fmt: skip
+                                  if losses else 0.0], device=device)  # fmt: skip
             dist.all_reduce(stats, op=dist.ReduceOp.MAX)
             step_s, busy_s, loss = stats.tolist()
             # Interleaved: each rank's work comes in 2m pieces of half the size.
