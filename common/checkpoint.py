@@ -1,10 +1,9 @@
 """Checkpoints written atomically, and never read silently when damaged.
 
-A job can be killed at any moment, also while it writes: ``save_checkpoint`` writes a temporary
-file beside the target and renames it (atomic within one filesystem), so the next run finds the
-previous checkpoint or the new one, never half of one.  A damaged file (a full disk, a copy cut
-short, another program's) makes ``load_checkpoint`` raise :class:`CheckpointError`: one line
-naming the file and the fix, instead of an unpickling traceback on every rank.
+A job can be killed at any moment, also while it writes: ``save_checkpoint`` writes beside the
+target and renames (atomic within one filesystem), so the next run finds the old checkpoint or
+the new one, never half of one.  A damaged file raises :class:`CheckpointError`: one line naming
+the file and the fix, instead of an unpickling traceback on every rank.
 """
 
 from __future__ import annotations

@@ -1,18 +1,14 @@
 """Who am I in this job?  Rank, local rank, world size, node, and where rank 0 listens.
 
-:func:`resolve_launch_env` answers from whoever started the process, looking in this order at
-1. torchrun / torch.distributed.launch: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
-   ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``, ``TORCHELASTIC_RUN_ID``
-   (``RANK``/``WORLD_SIZE`` set by hand: launcher "env");
-2. srun: ``SLURM_LOCALID``, ``SLURM_NODEID`` and the step's ``SLURM_STEP_*``, ranks numbered
-   node by node as torchrun does (the batch script is one process, however many tasks);
-3. ``torch.multiprocessing.spawn``: the caller passes the child's index and the count;
-4. nothing: one plain process, rank 0 of 1.
-What would make the job hang later (a variable missing, malformed or disagreeing with another,
-a double spawn) raises :class:`LaunchError` at once, naming the variable and the fix.  The end
-holds the set-up every lesson script calls (its GPU, threads, timeout, error line).  Checks of
-the machine (address, port, GPU binding) are lesson 06's common/preflight.py, run from here
-where it lies beside this file.  ``srun python -m common.env``: each task's view.
+:func:`resolve_launch_env` asks, in this order: torchrun / torch.distributed.launch (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``;
+set by hand: launcher "env"), srun (``SLURM_LOCALID``, ``SLURM_NODEID``, the step's
+``SLURM_STEP_*``; ranks numbered node by node as torchrun does), ``mp.spawn`` (the caller
+passes the child's index and count), else one plain process.  What would make the job hang
+later (a variable missing, malformed or disagreeing, a double spawn) raises :class:`LaunchError`
+at once, naming the variable and the fix.  The end holds the set-up every lesson calls (GPU,
+threads, timeout, error line).  Checks of the machine are lesson 06's common/preflight.py, run
+from here where it lies beside this file.  ``srun python -m common.env``: each task's view.
 """
 
 from __future__ import annotations
@@ -71,9 +67,6 @@ class LaunchEnv:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-# --------------------------------------------------------------------------- readers
 
 
 def _parse_int(text: str, name: str, *, hint: str = "", minimum: int = 0) -> int:
@@ -143,40 +136,16 @@ def find_free_port() -> int:
         return sock.getsockname()[1]
 
 
-# --------------------------------------------------------------------------- launcher
-
-
-def _ancestor_cmdlines(depth: int = 3) -> list[str]:
-    """Command lines of the parent, grandparent, ... from /proc (empty where unreadable)."""
-    lines, pid = [], os.getppid()
-    for _ in range(depth):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                lines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-        if pid <= 1:
-            break
-    return lines
-
-
-def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str]) -> str:
-    """torchrun and torch.distributed.launch set the same variables; tell them apart:
-    ``python -m torch.distributed.launch`` shows in the agent's command line and, without
-    ``--use-env``, passes ``--local-rank=N``.  No agent (no ``TORCHELASTIC_RUN_ID``): "env"."""
+def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str] | None = None) -> str:
+    """torchrun and torch.distributed.launch set the same variables; the latter passes
+    ``--local-rank=N`` unless ``--use-env``, and then only its agent's command line tells
+    (``ancestors``, else /proc: common/preflight.py, where it lies beside).  No agent: "env"."""
     if any(a.startswith(("--local-rank", "--local_rank")) for a in argv[1:]):
         return "torch.distributed.launch"
     if "TORCHELASTIC_RUN_ID" not in environ:
         return "env"
-    for cmdline in ancestors:
-        program = cmdline.split()[:3]  # "python -m torch.distributed.launch", ".../bin/torchrun"
-        if "torch.distributed.launch" in program:
-            return "torch.distributed.launch"
-        if "torch.distributed.run" in program or "torchrun" in map(os.path.basename, program):
-            break
-    return "torchrun"
+    preflight = _beside("preflight")
+    return (preflight and preflight.agent_launcher(ancestors)) or "torchrun"
 
 
 def _in_srun_step(environ: Mapping[str, str]) -> bool:
@@ -191,9 +160,6 @@ def _in_srun_step(environ: Mapping[str, str]) -> bool:
     if _SENTINEL_STEP_ID.fullmatch(step_id.strip()):  # "-5": the batch script (26.05's "%d")
         return False
     return bool(_ASCII_INT.fullmatch(step_id.strip())) and int(step_id) < SENTINEL_STEP_ID_MIN
-
-
-# --------------------------------------------------------------------------- SLURM step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,9 +220,6 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     return _SlurmStep(procid, localid, nodeid, ntasks, hosts, tasks_per_node)
 
 
-# --------------------------------------------------------------------------- the resolvers
-
-
 def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> LaunchError:
     # Lesson 00: in a job of 2 tasks per node, srun --ntasks-per-node=1 alone still starts 2
     # tasks per node (the job's task count wins); with --ntasks=$SLURM_NNODES, one.
@@ -268,8 +231,8 @@ def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> Launc
                        f"directly.")  # fmt: skip
 
 
-def _from_torch_launcher(environ, argv, ancestors, step):
-    launcher = _torch_launcher(environ, argv, ancestors)
+def _from_torch_launcher(environ, argv, step):
+    launcher = _torch_launcher(environ, argv)
     fix = ("torchrun sets RANK and WORLD_SIZE for every worker; set both or neither by hand "
            "(a WORLD_SIZE exported by a shell script hides SLURM's variables: unset it).")
     rank = _int_var(environ, "RANK", hint=fix)
@@ -359,7 +322,7 @@ def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index:
             raise LaunchError(f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by "
                               f"hand) and mp.spawn starts {spawn_nprocs} more processes; use "
                               f"torchrun --nproc-per-node or mp.spawn, not both.")  # fmt: skip
-        found = _from_torch_launcher(environ, argv, _ancestor_cmdlines(), step)
+        found = _from_torch_launcher(environ, argv, step)
     elif step is not None and spawn_nprocs is None:
         found = ("slurm", step.rank_by_node, step.localid, step.ntasks, step.tasks_on_this_node,
                  step.nodeid, len(step.hosts))  # fmt: skip

@@ -1,10 +1,9 @@
 """MNIST for lesson 03 (and 05, 07, 08): the data, the model, the optimizer, the evaluation.
 
-``torchvision.datasets.MNIST(DIR, download=False)`` reads the four original idx files in
-``DIR/MNIST/raw/`` (DIR: ``$MNIST_DIR``, else ``<course>/data/mnist``) once common/mnist_prepare.py,
-where it lies beside, has checked their MD5 (torchvision checks what it downloads, not what it
-finds).  Compute nodes often have no internet: prepare the files once, on the login node, with
-``python -m common.mnist_prepare``.
+``torchvision.datasets.MNIST(DIR, download=False)`` reads the four idx files in ``DIR/MNIST/raw/``
+(DIR: ``$MNIST_DIR``, else ``<course>/data/mnist``), once their MD5 is checked (common/
+mnist_prepare.py, where it lies beside: torchvision checks what it downloads, not what it finds).
+Compute nodes often have no internet: prepare the files once, on the login node.
 """
 
 from __future__ import annotations
@@ -64,11 +63,6 @@ def normalize(images: torch.Tensor) -> torch.Tensor:
 
     to_input = v2.Compose([v2.ToDtype(torch.float32, scale=True), v2.Normalize([MEAN], [STD])])
     return to_input(images.unsqueeze(1))
-
-
-# --------------------------------------------------------------------------- the MNIST task
-# Lesson 03 trains this model on this data and lesson 05 resumes the same training: one place
-# for the model, the data on the device and the evaluation across ranks.
 
 
 def build_model(sync_bn: bool = False) -> torch.nn.Module:

@@ -28,7 +28,9 @@ run), so it never hangs: a task nobody hears from is reported as missing.
 
 The first section, "launch checks", is what every lesson script runs through common/env.py
 (which answers "who am I" and calls these where this file lies beside it): the same checks, on
-every process, before it joins its group.
+every process, before it joins its group.  It also reads, for env.py, which torch agent started
+the process (``agent_launcher``: torch.distributed.launch with ``--use-env`` looks like torchrun
+from the environment).
 """
 
 from __future__ import annotations
@@ -149,6 +151,36 @@ def check_port_free(port: int) -> None:
 # ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  The
 # batch script is in step_batch, salloc's shell in step_interactive; without task/cgroup, or in
 # a container with its own cgroup namespace, there is no such line: no sign either way.
+def ancestor_cmdlines(depth: int = 3) -> list[str]:
+    """Command lines of the parent, grandparent, ... from /proc (empty where unreadable)."""
+    lines, pid = [], os.getppid()
+    for _ in range(depth):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                lines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+    return lines
+
+
+def agent_launcher(ancestors: Sequence[str] | None = None) -> str | None:
+    """For a worker of a torch agent (common/env.py's launcher): "torch.distributed.launch" when
+    ``python -m torch.distributed.launch`` shows in the nearest agent's command line (it hides
+    behind ``--use-env`` otherwise), "torchrun" for torchrun or torch.distributed.run, None when
+    neither shows.  ``ancestors``: the parents' command lines, nearest first (default /proc)."""
+    for cmdline in ancestor_cmdlines() if ancestors is None else ancestors:
+        program = cmdline.split()[:3]  # "python -m torch.distributed.launch", ".../bin/torchrun"
+        if "torch.distributed.launch" in program:
+            return "torch.distributed.launch"
+        if "torch.distributed.run" in program or "torchrun" in map(os.path.basename, program):
+            return "torchrun"
+    return None
+
+
 _STEP_CGROUP = re.compile(r"/job_([0-9]+)/step_([0-9]+)(?:/|$)")
 
 
