@@ -350,6 +350,24 @@ def test_torch_launcher_detection(environ, argv, ancestors, expected):
     assert _torch_launcher(environ, argv, ancestors) == expected
 
 
+@pytest.mark.parametrize(("launcher", "expected"), [
+    (["-m", "torch.distributed.launch", "--use-env"], "torch.distributed.launch"),
+    (["-m", "torch.distributed.run"], "torchrun"),
+])  # fmt: skip
+def test_launcher_named_from_the_real_agent(launcher, expected):
+    """The agent's command line read from /proc (common/preflight.py's agent_launcher): with
+    --use-env, torch.distributed.launch sets exactly what torchrun sets."""
+    from common.env import find_free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "TORCHELASTIC"))}
+    env["PYTHONPATH"] = str(ROOT)
+    cmd = [sys.executable, *launcher, "--nproc_per_node", "1", "--master_port",
+           str(find_free_port()), "-m", "common.env"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1])["launcher"] == expected, proc.stdout
+
+
 HOSTLIST_CASES = [
     ("node1", ["node1"]),
     ("node[1-2]", ["node1", "node2"]),
