@@ -52,6 +52,11 @@ trap 'rm -rf "$ckpt"' EXIT
 # Lesson 01: one task per GPU, NCCL; then two processes on the one GPU (what the course refuses).
 run sysinfo 60 "$py" -m common.sysinfo
 run hello-allreduce 90 "${tr[@]}" lessons/01_hello_allreduce/hello_allreduce.py
+# The same world built by hand (by_hand.py reads srun's variables: here those of a step of one
+# task, set as srun would) and by torch.multiprocessing.spawn.
+run by-hand 90 env SLURM_STEP_ID=0 SLURM_NODEID=0 SLURM_LOCALID=0 SLURM_NTASKS=1 SLURM_NNODES=1 \
+    MASTER_ADDR=127.0.0.1 MASTER_PORT=29555 "$py" lessons/01_hello_allreduce/by_hand.py --init tcp
+run spawn-warmup 90 "$py" lessons/01_hello_allreduce/spawn_warmup.py --nprocs 1
 run two-ranks-one-gpu 90 env CUDA_VISIBLE_DEVICES=0 "${tr2[@]}" lessons/01_hello_allreduce/hello_allreduce.py
 # What NCCL itself says of two ranks on one GPU, in a script without the course's check.
 run nccl-two-ranks-one-gpu 120 env CUDA_VISIBLE_DEVICES=0 "${tr2[@]}" --no-python "$py" -c '
@@ -67,6 +72,7 @@ run launch-hello 90 "${tr[@]}" lessons/02_launch_vs_srun/hello.py
 # Lesson 06: what NCCL_DEBUG=INFO prints (its version, network, communicators) ...
 run nccl-debug-info 90 env NCCL_DEBUG=INFO "${tr[@]}" lessons/01_hello_allreduce/hello_allreduce.py
 # ... the preflight, NCCL check included, and the all_reduce benchmark.
+run step 90 "${tr[@]}" lessons/06_diagnosing_hangs/step.py
 run preflight 120 "${tr[@]}" -m common.preflight
 run allreduce-bench 120 "${tr[@]}" lessons/06_diagnosing_hangs/allreduce_bench.py --max-bytes 1G
 # Lesson 03: DDP MNIST, the job's recipe (3 epochs): time to 99 % on a GPU.
@@ -82,6 +88,8 @@ run ft-crash-restart 300 "${tr[@]}" --max-restarts 1 lessons/05_fault_tolerance/
 # limit), then the same run again, which resumes from it.
 run fsdp-mnist 300 "${tr[@]}" lessons/07_fsdp_sharding/train.py --max-steps 600 --checkpoint-dir "$ckpt/fsdp"
 run fsdp-mnist-resume 300 "${tr[@]}" lessons/07_fsdp_sharding/train.py --checkpoint-dir "$ckpt/fsdp"
+# The sharded checkpoint, written from the GPU, as one file read in a plain CPU process.
+run fsdp-export 120 "$py" lessons/07_fsdp_sharding/export.py "$ckpt/fsdp" --test-subset 2000
 run fsdp-memory 180 "${tr[@]}" lessons/07_fsdp_sharding/memory.py
 # Lesson 08: lesson 08's files, then its training with pinned memory, without and with workers.
 [[ -d data/mnist-files/packed ]] || "$py" lessons/08_data_pipeline/mnist_files.py >/dev/null
