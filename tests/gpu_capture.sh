@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The course's GPU path, run for real on one GPU machine that has no Slurm: each lesson's Python
 # under `torchrun --standalone` (the launcher sets what srun would: RANK, LOCAL_RANK, WORLD_SIZE,
-# MASTER_ADDR/PORT), NCCL as the backend, one process per GPU. Each run's output goes to
+# MASTER_ADDR/PORT), NCCL as the backend, one process per GPU; what needs no launcher, as one
+# plain process. Each run's output goes to
 # OUTDIR/<name>.out after a header that says where and how it ran; the lessons keep them as
 # their GPU samples (lessons/NN_*/gpu-<card>-*.out).
 #
