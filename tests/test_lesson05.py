@@ -322,6 +322,7 @@ def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_pat
     assert "nothing to do" in text.rpartition(f"=== link 4 of chain {array}")[2], text
 
 
+@pytest.mark.long  # three 2-node jobs with restarts, about 70 s: make test-long
 @pytest.mark.timeout(400)
 def test_crashed_rank_restarted_then_faulty_node_named_then_excluded(cluster, cluster_lock,
                                                                     tmp_path):  # fmt: skip
