@@ -147,10 +147,6 @@ def check_port_free(port: int) -> None:
             ) from None
 
 
-# A process of an srun step is in the step's cgroup whatever its environment holds: cgroup v1
-# ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  The
-# batch script is in step_batch, salloc's shell in step_interactive; without task/cgroup, or in
-# a container with its own cgroup namespace, there is no such line: no sign either way.
 def ancestor_cmdlines(depth: int = 3) -> list[str]:
     """Command lines of the parent, grandparent, ... from /proc (empty where unreadable)."""
     lines, pid = [], os.getppid()
@@ -181,6 +177,10 @@ def agent_launcher(ancestors: Sequence[str] | None = None) -> str | None:
     return None
 
 
+# A process of an srun step is in the step's cgroup whatever its environment holds: cgroup v1
+# ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  The
+# batch script is in step_batch, salloc's shell in step_interactive; without task/cgroup, or in
+# a container with its own cgroup namespace, there is no such line: no sign either way.
 _STEP_CGROUP = re.compile(r"/job_([0-9]+)/step_([0-9]+)(?:/|$)")
 
 

@@ -56,7 +56,12 @@ def nccl_version_text(version: tuple[int, ...] | int) -> str:
     """
     if isinstance(version, tuple):
         return ".".join(str(part) for part in version)
-    major, rest = divmod(version, 10000 if version >= 20900 else 1000)
+    return _code_text(version, 10000 if version >= 20900 else 1000)
+
+
+def _code_text(code: int, major_unit: int) -> str:
+    """An integer version code major * major_unit + minor * 100 + patch as "major.minor.patch"."""
+    major, rest = divmod(code, major_unit)
     return f"{major}.{rest // 100}.{rest % 100}"
 
 
@@ -68,8 +73,7 @@ def cudnn_version_text(version: int | None) -> str:
     """
     if version is None:
         return "none"
-    major, rest = divmod(version, 10000 if version >= 90000 else 1000)
-    return f"{major}.{rest // 100}.{rest % 100}"
+    return _code_text(version, 10000 if version >= 90000 else 1000)
 
 
 def report() -> list[str]:

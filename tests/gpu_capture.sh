@@ -2,9 +2,8 @@
 # The course's GPU path, run for real on one GPU machine that has no Slurm: each lesson's Python
 # under `torchrun --standalone` (the launcher sets what srun would: RANK, LOCAL_RANK, WORLD_SIZE,
 # MASTER_ADDR/PORT), NCCL as the backend, one process per GPU; what needs no launcher, as one
-# plain process. Each run's output goes to
-# OUTDIR/<name>.out after a header that says where and how it ran; the lessons keep them as
-# their GPU samples (lessons/NN_*/gpu-<card>-*.out).
+# plain process. Each run's output goes to OUTDIR/<name>.out after a header that says where and
+# how it ran; the lessons keep them as their GPU samples (lessons/NN_*/gpu-<card>-*.out).
 #
 #   bash tests/gpu_capture.sh OUTDIR          # from the course root, the venv active
 #   bash tests/gpu_capture.sh OUTDIR ddp-mnist preflight    # only the runs named
