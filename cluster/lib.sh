@@ -13,6 +13,8 @@ CGROUP_CONF=/etc/slurm/cgroup.conf
 JOB_CONTAINER_CONF=/etc/slurm/job_container.conf
 CLI_FILTER_CONF=/etc/slurm/cli_filter.lua
 TOPOLOGY_CONF=/etc/slurm/topology.conf
+# Site pyxis and pyxis-hook: the TaskProlog slurm.conf names (from cluster/task_prolog.sh.in).
+TASK_PROLOG=/etc/slurm/task_prolog.sh
 # Node N's local disk: the jobs' private /tmp and /dev/shm live under NODE_DISK_DIR/nodeN.
 NODE_DISK_DIR=$CLUSTER_ROOT/nodes
 CGROUP_ROOT=/sys/fs/cgroup

@@ -17,9 +17,11 @@ WAIT_S=${COURSE_CLUSTER_WAIT_S:-60}
 CHECK_ONLY=0
 # The site the cluster plays (--site): strict (per-job /tmp, sbatch's own --export=ALL default),
 # export-none (sbatch defaults to --export=NONE), shared-tmp (no per-job /tmp), rank0-elsewhere
-# (topology/tree, the upper half of the nodes on the first switch). cluster/README.md.
+# (topology/tree, the upper half of the nodes on the first switch), pyxis (every srun task gets
+# RANK and LOCAL_RANK as pyxis sets them for an NGC PyTorch image), pyxis-hook (and WORLD_SIZE,
+# MASTER_ADDR, MASTER_PORT as enroot's 50-slurm-pytorch.sh hook adds them). cluster/README.md.
 SITE=${COURSE_CLUSTER_SITE:-strict}
-SITES="strict export-none shared-tmp rank0-elsewhere"
+SITES="strict export-none shared-tmp rank0-elsewhere pyxis pyxis-hook"
 # The version: --slurm, else COURSE_SLURM_VERSION (a test run or a shell that works with one
 # version throughout), else the default.
 SLURM_VERSION=${COURSE_SLURM_VERSION:-$SLURM_DEFAULT}
@@ -39,7 +41,9 @@ Running it again with the same shape changes nothing; another shape restarts the
   --site SITE          the site it plays: strict (default: a private /tmp per job), export-none
                        (sbatch defaults to --export=NONE), shared-tmp (one /tmp for every job),
                        rank0-elsewhere (a topology plugin: from Slurm 26.05 task 0 of a block
-                       distribution runs on the job's last node);
+                       distribution runs on the job's last node), pyxis (each srun task gets
+                       RANK and LOCAL_RANK as pyxis sets them), pyxis-hook (also WORLD_SIZE,
+                       MASTER_ADDR, MASTER_PORT, as enroot's 50-slurm-pytorch.sh hook);
                        \$COURSE_CLUSTER_SITE sets the default (cluster/README.md, "Site profiles")
   --nodes N            number of nodes (default $NODES, at most 200)
   --gpus-per-node G    "GPUs" per node, bookkeeping only (default $GPUS, at most 16)
@@ -232,6 +236,9 @@ render_configs() {
     # "Tasks and step nodes now follow topology order by default when a topology plugin is
     # configured"; topology/tree ranks nodes by leaf switch, topology_tree.c get_rank).
     rank0-elsewhere) site_lines+=$'\n'"TopologyPlugin=topology/tree" ;;
+    # pyxis (NVIDIA's container plugin) sets rank variables in each task of a container step; a
+    # TaskProlog sets them at the same point of a task's start (cluster/task_prolog.sh.in).
+    pyxis | pyxis-hook) site_lines+=$'\n'"TaskProlog=$TASK_PROLOG" ;;
     esac
     TOPOLOGY_TEXT=""
     if [[ $SITE == rank0-elsewhere ]]; then
@@ -241,6 +248,11 @@ render_configs() {
     fi
     CLI_FILTER_TEXT=""
     [[ $SITE == export-none ]] && CLI_FILTER_TEXT=$(<"$HERE/cli_filter.lua.in")
+    TASK_PROLOG_TEXT=""
+    if [[ $SITE == pyxis* ]]; then
+        TASK_PROLOG_TEXT=$(render "$HERE/task_prolog.sh.in" "SITE=$SITE" "PATH=$TASK_PROLOG" \
+            "HOOK=$([[ $SITE == pyxis-hook ]] && echo 1 || echo 0)")
+    fi
     SLURM_CONF_TEXT=$(render "$HERE/slurm.conf.in" "SHAPE=$SHAPE" "CTL_NAME=$CTL_NAME" \
         "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
@@ -334,6 +346,7 @@ already_up() {
         return 1
     [[ $(cat "$CLI_FILTER_CONF" 2>/dev/null) == "$CLI_FILTER_TEXT" ]] || return 1
     [[ $(cat "$TOPOLOGY_CONF" 2>/dev/null) == "$TOPOLOGY_TEXT" ]] || return 1
+    [[ $(cat "$TASK_PROLOG" 2>/dev/null) == "$TASK_PROLOG_TEXT" ]] || return 1
     [[ $(awk -v b="$HOSTS_BEGIN" -v e="$HOSTS_END" '$0==b{on=1} on{print} $0==e{on=0}' "$HOSTS_FILE") == "$(hosts_block)" ]] ||
         return 1
     local i
@@ -695,7 +708,11 @@ printf '%s\n' "$GRES_CONF_TEXT" >"$GRES_CONF"
 printf '%s\n' "$CGROUP_CONF_TEXT" >"$CGROUP_CONF"
 printf '%s\n' "$JOB_CONTAINER_CONF_TEXT" >"$JOB_CONTAINER_CONF"
 chmod 644 "$SLURM_CONF" "$GRES_CONF" "$CGROUP_CONF" "$JOB_CONTAINER_CONF"
-rm -f "$CLI_FILTER_CONF" "$TOPOLOGY_CONF"
+rm -f "$CLI_FILTER_CONF" "$TOPOLOGY_CONF" "$TASK_PROLOG"
+if [[ -n $TASK_PROLOG_TEXT ]]; then
+    printf '%s\n' "$TASK_PROLOG_TEXT" >"$TASK_PROLOG"
+    chmod 755 "$TASK_PROLOG"
+fi
 if [[ -n $TOPOLOGY_TEXT ]]; then
     printf '%s\n' "$TOPOLOGY_TEXT" >"$TOPOLOGY_CONF"
     chmod 644 "$TOPOLOGY_CONF"

@@ -3,12 +3,14 @@
 :func:`resolve_launch_env` asks, in this order: torchrun / torch.distributed.launch (``RANK``,
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``;
 set by hand: launcher "env"), srun (``SLURM_LOCALID``, ``SLURM_NODEID``, the step's
-``SLURM_STEP_*``; ranks numbered node by node as torchrun does), ``mp.spawn`` (the caller
-passes the child's index and count), else one plain process.  What would make the job hang
-later (a variable missing, malformed or disagreeing, a double spawn) raises :class:`LaunchError`
-at once, naming the variable and the fix.  The end holds the set-up every lesson calls (GPU,
-threads, timeout, error line).  Checks of the machine are lesson 06's common/preflight.py, run
-from here where it lies beside this file.  ``srun python -m common.env``: each task's view.
+``SLURM_STEP_*``; ranks numbered node by node as torchrun does; also where pyxis copied
+SLURM_PROCID/SLURM_LOCALID into RANK/LOCAL_RANK; a heterogeneous step's node by its name),
+``mp.spawn`` (the caller passes the child's index and count), else one plain process.  What
+would make the job hang later (a variable missing, malformed or disagreeing, a double spawn)
+raises :class:`LaunchError` at once, naming the variable and the fix.  The end holds the
+set-up every lesson calls (GPU, threads, timeout, error line).  Checks of the machine are lesson
+06's common/preflight.py, run from here where it lies beside this file.  ``srun python -m
+common.env``: each task's view.
 """
 
 from __future__ import annotations
@@ -203,6 +205,7 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     else:
         raise LaunchError(f"SLURM_STEP_TASKS_PER_NODE is not set. {fix}")
 
+    nodeid = _node_index(environ, hosts, nodeid)
     mixed = "the SLURM variables come from different steps."
     if len(tasks_per_node) != len(hosts):
         raise LaunchError(f"{tpn_var}={environ[tpn_var]!r} lists {len(tasks_per_node)} nodes "
@@ -220,6 +223,18 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
     return _SlurmStep(procid, localid, nodeid, ntasks, hosts, tasks_per_node)
 
 
+def _node_index(environ: Mapping[str, str], hosts: list[str], nodeid: int) -> int:
+    """This node's place in the step's host list: SLURM_NODEID, except in a heterogeneous step
+    (``srun A : B``, ``srun --het-group=0,1``).  There slurmstepd sets SLURM_NODEID to the
+    component's node offset plus the node's index in its component (exec_task,
+    src/slurmd/slurmstepd/task.c), while srun sorts the combined host list and the task counts
+    by name (_reorder_het_job_recs, src/srun/srun.c; Slurm 22.05 to 26.05), so the two disagree
+    when a later component has the lower node names.  The node's name (SLURMD_NODENAME) then
+    says where it is in that list; in any other step it names SLURM_NODEID's host."""
+    node = environ.get("SLURMD_NODENAME", "")
+    return hosts.index(node) if node in hosts else nodeid
+
+
 def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> LaunchError:
     # Lesson 00: in a job of 2 tasks per node, srun --ntasks-per-node=1 alone still starts 2
     # tasks per node (the job's task count wins); with --ntasks=$SLURM_NNODES, one.
@@ -231,10 +246,34 @@ def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> Launc
                        f"directly.")  # fmt: skip
 
 
+def _set_by_pyxis(environ: Mapping[str, str], argv: Sequence[str], step: _SlurmStep | None) -> bool:
+    """RANK and LOCAL_RANK as pyxis sets them in every task of ``srun --container-image`` with
+    an image that defines PYTORCH_VERSION (every NGC PyTorch image): SLURM_PROCID and
+    SLURM_LOCALID, over whatever the task had (pyxis_slurmstepd.c, slurm_spank_task_init ->
+    pytorch_setup, pytorch_remap_list).  enroot's optional hook 50-slurm-pytorch.sh adds
+    WORLD_SIZE=SLURM_NTASKS, MASTER_ADDR (the step's first host) and MASTER_PORT.  No agent
+    started this process, so these are srun's own numbers under other names, and the task is
+    read as srun's: ranks node by node, since SLURM_PROCID puts rank 0 wherever srun placed
+    task 0, not always on the first host, where MASTER_ADDR points (_SlurmStep.rank_by_node)."""
+    if step is None or "TORCHELASTIC_RUN_ID" in environ or _torch_launcher(environ, argv) != "env":
+        return False
+    if any(v in environ for v in ("LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")):
+        return False  # set by hand, with more than pyxis knows
+    return (environ.get("RANK", "").strip() == str(step.procid)
+            and environ.get("LOCAL_RANK", "").strip() == str(step.localid)
+            and environ.get("WORLD_SIZE", str(step.ntasks)).strip() == str(step.ntasks))
+
+
 def _from_torch_launcher(environ, argv, step):
     launcher = _torch_launcher(environ, argv)
     fix = ("torchrun sets RANK and WORLD_SIZE for every worker; set both or neither by hand "
            "(a WORLD_SIZE exported by a shell script hides SLURM's variables: unset it).")
+    if launcher == "env" and step is not None:  # an srun task, where pyxis may have set them
+        fix = (f"In this srun task RANK={environ.get('RANK', '<not set>')} and LOCAL_RANK="
+               f"{environ.get('LOCAL_RANK', '<not set>')} are not SLURM_PROCID={step.procid} and "
+               f"SLURM_LOCALID={step.localid}, as pyxis sets them (srun --container-image with "
+               f"an image that defines PYTORCH_VERSION), which common.env reads as srun's own: "
+               f"unset RANK, LOCAL_RANK and WORLD_SIZE before srun, or set all three by hand.")
     rank = _int_var(environ, "RANK", hint=fix)
     world_size = _int_var(environ, "WORLD_SIZE", hint=fix, minimum=1)
     local_rank = _opt_int_var(environ, "LOCAL_RANK")
@@ -246,7 +285,9 @@ def _from_torch_launcher(environ, argv, step):
         if world_size != step.ntasks:
             raise LaunchError(f"WORLD_SIZE={world_size} but srun started SLURM_STEP_NUM_TASKS="
                               f"{step.ntasks} tasks; unset WORLD_SIZE (common.env reads SLURM's "
-                              f"variables) or make them agree.")  # fmt: skip
+                              f"variables) or make them agree (enroot's pyxis hook "
+                              f"50-slurm-pytorch.sh sets it to SLURM_NTASKS: no srun "
+                              f"--preserve-env there).")  # fmt: skip
         local_rank = step.localid if local_rank is None else local_rank
         local_world_size = step.tasks_on_this_node if local_world_size is None else local_world_size
         node_rank = step.nodeid if node_rank is None else node_rank
@@ -317,7 +358,8 @@ def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index:
     if spawn_index is not None and spawn_nprocs is None:
         raise LaunchError("spawn_index given without spawn_nprocs (the nprocs passed to mp.spawn).")
 
-    if any(v in environ for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")):
+    by_launcher = any(v in environ for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"))
+    if by_launcher and not _set_by_pyxis(environ, argv, step):
         if spawn_nprocs is not None and spawn_nprocs > 1:
             raise LaunchError(f"double spawn: RANK/WORLD_SIZE are already set (by torchrun or by "
                               f"hand) and mp.spawn starts {spawn_nprocs} more processes; use "
@@ -407,9 +449,20 @@ def cuda_device_index(env: LaunchEnv, visible_gpus: int,
     """The ``N`` of ``cuda:N``: the local rank where each task sees all the node's GPUs (or one
     per local rank); 0 where it sees one of its own (``--gpus-per-task=1``, ``single:1``); its
     own set's devices in turn under ``--gpus-per-task=2``.  Any other sharing (two ranks on one
-    GPU, ``--gpu-bind=closest``) is refused by common/preflight.py, where it lies beside."""
+    GPU, ``--gpu-bind=closest``) is refused by common/preflight.py, where it lies beside, and so
+    is a GPU the installed torch has no kernels for (a V100 under the CUDA 13 wheel): every
+    lesson asks this before ``set_device`` and ``init_process_group``, so such a rank stops in
+    one line instead of at its first kernel."""
     environ = os.environ if environ is None else environ
     preflight = _beside("preflight")
+    index = _device_index(env, visible_gpus, environ, preflight)
+    if preflight:
+        preflight.check_cuda_arch(index)
+    return index
+
+
+def _device_index(env: LaunchEnv, visible_gpus: int, environ: Mapping[str, str],
+                  preflight) -> int:  # fmt: skip
     if preflight:
         preflight.check_gpu_map(environ, env.local_world_size)
     on_node = gpus_on_node(environ)

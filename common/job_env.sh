@@ -205,3 +205,88 @@ course_subset() {
     fi
     SUBSET_ARGS=(--train-subset "$SUBSET" --test-subset "$SUBSET")
 }
+
+# --- A job that stops in time, saves and comes back (lessons 05 and 07) -----------------------
+# Two pieces that the requeueing job scripts share, so that their stop and requeue rules cannot
+# drift apart (lessons/05_fault_tolerance/README.md §1-§3 explains each rule).
+#
+#     course_srun_stoppable srun ... python train.py ...      # sets COURSE_STATUS
+#     course_requeue_or_end "$COURSE_STATUS" "resumes from $CHECKPOINT" \
+#         "CHECKPOINT=$CHECKPOINT sbatch lessons/...sh"
+#
+# course_srun_stoppable COMMAND...: run COMMAND (an srun) in the background and wait for it,
+# passing a SIGUSR1 or SIGTERM sent to this batch shell on to it as SIGUSR1: the tasks then save
+# and exit 75. bash runs a trap only once the foreground command has ended, so srun may not run in
+# the foreground; a trapped signal cuts `wait` short, so it is waited for again. Always SIGUSR1:
+# srun answers a SIGTERM of its own by killing the tasks at once ("forcing job termination").
+# Sets COURSE_STATUS (srun's exit status) and COURSE_SIGNALLED (USR1, TERM or empty).
+# shellcheck disable=SC2034  # COURSE_STATUS and COURSE_SIGNALLED are read by the job script
+course_srun_stoppable() {
+    COURSE_SIGNALLED=
+    COURSE_STATUS=
+    course_srun_pid=
+    trap 'course_on_stop USR1' USR1
+    trap 'course_on_stop TERM' TERM
+    "$@" &
+    course_srun_pid=$!
+    local rc
+    while [[ -z $COURSE_STATUS ]]; do
+        wait "$course_srun_pid" && rc=0 || rc=$?
+        if ((rc > 128)) && kill -0 "$course_srun_pid" 2>/dev/null; then continue; fi
+        COURSE_STATUS=$rc
+    done
+}
+# shellcheck disable=SC2317,SC2329  # called by the traps above
+course_on_stop() {
+    COURSE_SIGNALLED=$1
+    echo "=== $(date -u '+%T') got SIG$1: asking the training to checkpoint and stop"
+    if [[ -n $course_srun_pid ]]; then kill -USR1 "$course_srun_pid" 2>/dev/null || true; fi
+}
+
+# course_job_state: the job's state as slurmctld reports it now (scontrol show job's JobState),
+# empty if it cannot be asked.
+course_job_state() {
+    local line
+    line=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || return 0
+    [[ $line =~ JobState=([A-Z_]+) ]] && echo "${BASH_REMATCH[1]}"
+    return 0
+}
+
+# course_requeue_or_end STATUS NEXT RESUME: after course_srun_stoppable, end the job or put it back
+# in the queue; returns STATUS when there is nothing to requeue (the training finished or
+# failed), else exits.
+# - 143 or 138 (the tasks ended by the SIGTERM or SIGUSR1 itself: a stop that came while Python
+#   was still starting, before train.py set its handler), or any failure after a trapped signal,
+#   count as a stop: nothing was saved this time, the last checkpoint (if any) is kept.
+# - A stop (exit 75) is requeued only while the job still runs: after a time-limit warning, or
+#   within a preemption's grace time. A plain `scancel` (and the time limit itself) first makes
+#   the job CANCELLED (TIMEOUT) and COMPLETING in slurmctld, then signals the batch shell:
+#   job_signal() in src/slurmctld/job_mgr.c sets `job_term_state | JOB_COMPLETING` before
+#   deallocate_nodes() (Slurm 22.05, 24.11 and 26.05 alike), and `scontrol show job` then reports
+#   JobState=COMPLETING (job_state_string() names the COMPLETING flag before the base state).
+#   Slurm would still accept the requeue of such a job (_job_requeue_op: "we support requeue of
+#   done/exit/exiting jobs"), and a cancelled job would come back and run again. So the state is
+#   asked first, and only RUNNING is requeued.
+# - A refused requeue (--no-requeue, JobRequeue=0, a site's job_submit plugin) must not end the
+#   job COMPLETED as if the training had finished: one line, and exit 75 (the job ends FAILED).
+# NEXT says what the requeued run will do ("resumes from <checkpoint>"); RESUME is the command
+# that continues the run later, by hand, from the kept checkpoint.
+course_requeue_or_end() {
+    local status=$1 next=$2 resume=$3 state said
+    if ((status == 143 || status == 138)) || [[ -n ${COURSE_SIGNALLED:-} && $status -ne 0 && $status -ne 75 ]]; then
+        echo "=== $(date -u '+%T') the training ended with status $status, stopped before it could save"
+        status=75
+    fi
+    ((status == 75)) || return "$status"
+    state=$(course_job_state)
+    if [[ -n $state && $state != RUNNING ]]; then
+        echo "=== $(date -u '+%T') job $SLURM_JOB_ID is ending (JobState=$state: cancelled with scancel, or at its time limit): saved, not requeued. To go on later: $resume"
+        exit 75
+    fi
+    echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${COURSE_SIGNALLED:+ (after SIG$COURSE_SIGNALLED)}; it $next"
+    if ! said=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+        echo "error: scontrol requeue $SLURM_JOB_ID was refused (${said//$'\n'/ }): the job ends here, not requeued. The checkpoint is kept: resume it with $resume" >&2
+        exit 75
+    fi
+    exit 0
+}

@@ -36,6 +36,8 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
+from common import jobwait
+
 # Variables a launcher or SLURM sets for a process.  A notebook started inside an allocation
 # (jupyter under salloc) must not hand its own to the commands it runs as examples.
 _LAUNCH_VARS = re.compile(
@@ -91,7 +93,8 @@ def _display_markdown(text: str) -> None:
 
 def code_excerpt(path: str | os.PathLike, *names: str) -> tuple[str, str]:
     """The text of ``path`` (relative to the course root), or of its top-level definitions
-    ``names`` (functions/classes, with their decorators) joined by blank lines.
+    ``names`` (functions/classes, with their decorators; in a shell script its functions, with
+    the comment above each) joined by blank lines.
 
     Returns (header, code).  A name that is not defined in the file is a ValueError, so a
     notebook notices when the lesson's code was renamed.
@@ -102,10 +105,26 @@ def code_excerpt(path: str | os.PathLike, *names: str) -> tuple[str, str]:
         return f"`{path}`", text.rstrip("\n")
     lines = text.splitlines()
     found = {}
-    for node in ast.parse(text).body:
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
-            found[node.name] = (first, node.end_lineno)
+    if file.suffix == ".sh":
+        # A shell function: `name() {` at the start of a line, to the first `}` that closes
+        # a line at the same place, with the comment lines right above it (not a #! line or
+        # a section's `# ---` rule).
+        for i, line in enumerate(lines):
+            if m := re.match(r"(\w+)\(\) \{$", line):
+                end = next(j for j in range(i + 1, len(lines)) if lines[j] == "}")
+                first = i
+                while (
+                    first > 0
+                    and lines[first - 1].startswith("#")
+                    and not lines[first - 1].startswith(("#!", "# ---"))
+                ):
+                    first -= 1
+                found[m[1]] = (first + 1, end + 1)
+    else:
+        for node in ast.parse(text).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                found[node.name] = (first, node.end_lineno)
     missing = [n for n in names if n not in found]
     if missing:
         raise ValueError(f"{path} defines no {', '.join(missing)} (it has {', '.join(found)})")
@@ -516,28 +535,10 @@ def sample_outputs(script: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-# Job states after which a job will not run again (a requeued job goes back to PENDING).
-_FINAL_STATES = {
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "TIMEOUT",
-}  # fmt: skip
-
-
 def job_state(job_id: str) -> tuple[str, int | None]:
-    """(state, exit status) of a job from ``scontrol show job``; the status is None until the
-    job ended, and 128+N when a signal N ended it."""
-    out = subprocess.run(
-        ["scontrol", "show", "job", "--oneliner", job_id],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    fields = dict(re.findall(r"(\w+)=(\S+)", out.stdout))
-    state = fields.get("JobState", "UNKNOWN")
-    if state not in _FINAL_STATES:
-        return state, None
-    code, _, sig = fields.get("ExitCode", "0:0").partition(":")
-    return state, 128 + int(sig) if sig and int(sig) else int(code)
+    """(state, exit status) of a job (common/jobwait.py); the status is None until the job
+    ended, and what ``sbatch --wait`` returns after: 1 when a signal ended it."""
+    return jobwait.job_state(job_id)
 
 
 def submit(
@@ -550,7 +551,8 @@ def submit(
     """Submit a job script from the course root, wait for it to end, print its output file.
 
     Like ``sbatch --wait``, which looks at the job after 2, 10 and 42 s and then every 32 s,
-    so a job of 12 s is reported after 42; here the job's state is asked twice a second.
+    so a job of 12 s is reported after 42; here the job's state is asked twice a second
+    (common/jobwait.py), and the exit status is sbatch's: 1 when a signal ended the job.
     The output goes to runs/notebooks/ (not the course root).  A job still running after
     ``timeout`` seconds is cancelled.
     """
@@ -568,13 +570,12 @@ def submit(
         raise RuntimeError(f"sbatch refused {script}: {sub.stderr.strip()}")
     job_id = sub.stdout.strip().split(";")[0]
     start = time.monotonic()
-    state, status = job_state(job_id)
-    while status is None:
-        if time.monotonic() - start > timeout:
-            subprocess.run(["scancel", job_id], check=False, timeout=30)
-            raise RuntimeError(f"job {job_id} of {script} ran past {timeout} s; cancelled")
-        time.sleep(0.5)
-        state, status = job_state(job_id)
+    try:
+        end = jobwait.wait(job_id, timeout)
+    except TimeoutError:
+        subprocess.run(["scancel", job_id], check=False, timeout=30)
+        raise RuntimeError(f"job {job_id} of {script} ran past {timeout} s; cancelled") from None
+    state, status = end.state, end.status
     files = sorted(out_dir.glob("*.out"))
     output = files[0].read_text() if files else ""
     print(

@@ -301,13 +301,136 @@ def check_cuda_usable(environ: Mapping[str, str] | None = None,
                f"https://download.pytorch.org/whl/cu<version>, see README.md).")  # fmt: skip
     else:
         why = ("inside a container, start it with its GPUs (apptainer --nv, enroot/pyxis with the "
-               "NVIDIA hook); otherwise the driver is older than this CUDA build needs (nvidia-smi "
-               "shows the driver's CUDA version): install a torch built for it.")  # fmt: skip
+               "NVIDIA hook; a Charliecloud image needs the driver's libraries copied in once: "
+               "ch-fromhost --nvidia <image>); otherwise the driver is older than this CUDA build "
+               "needs (nvidia-smi shows the driver's CUDA version): install a torch built for "
+               "it.")  # fmt: skip
     raise LaunchError(
         f"SLURM gave this node {gpus} GPU(s) (SLURM_GPUS_ON_NODE) and it has {len(devices)} "
         f"NVIDIA device(s) ({devices[0]}...), but torch {torch.__version__} sees no CUDA device "
         f"(torch.version.cuda={torch.version.cuda}): {why}"
     )
+
+
+# The CUDA builds of torch 2.14 on download.pytorch.org, per host architecture: (index tag,
+# oldest driver branch, compute capabilities it has kernels for, as 10 * major + minor).  The
+# capabilities are torch 2.14.1's own table (PYTORCH_RELEASES_CODE_CC in torch/cuda/__init__.py,
+# "kept in sync with .ci/manywheel/build_cuda.sh") and its release matrix (pytorch/pytorch#190355:
+# CUDA 12.6 "Legacy" for Maxwell, Pascal, Volta; 13.0 and 13.2 from Turing on).  The drivers are
+# NVIDIA's minor version compatibility (CUDA Compatibility guide, table 1): CUDA 12.x runs on
+# driver 525 or newer, 13.x on 580 or newer.  2.15 drops the 12.6 build (pytorch/pytorch#190385).
+TORCH_CUDA_BUILDS_RELEASE = "2.14"
+TORCH_CUDA_BUILDS = {
+    "x86_64": (("cu126", 525, (50, 60, 70, 75, 80, 86, 90)),
+               ("cu130", 580, (75, 80, 86, 90, 100, 120))),
+    "aarch64": (("cu126", 525, (80, 90)),
+                ("cu130", 580, (80, 90, 100, 110, 120))),
+}  # fmt: skip
+# Integrated GPUs (Jetson 5.3, 6.2, 7.2, 8.7; Thor 10.1, renamed 11.0): a discrete GPU's cubin of
+# the same major does not run there, nor theirs elsewhere (torch's DEVICE_REQUIREMENT).  From CUDA
+# 13.2 on, sm_70/80/86 cubins run on Jetson too (DEVICE_REQUIREMENT_POST_JETSON_SBSA_UNIFICATION).
+_INTEGRATED_GPUS = frozenset({53, 62, 72, 87, 101, 110})
+
+
+def arch_runs_on(arch: str, capability: int, cuda: tuple[int, ...] = (13, 0)) -> bool:
+    """Whether code built for ``arch`` (an entry of ``torch.cuda.get_arch_list()``: ``sm_86``,
+    ``sm_90a``, ``compute_120``) runs on a GPU of ``capability`` (10 * major + minor) under CUDA
+    ``cuda``.  torch's own rule (torch/cuda/__init__.py in 2.14: ``_check_capability`` through
+    ``_code_compatible_with_device`` and ``DEVICE_REQUIREMENT``): a cubin ``sm_XY`` runs on the
+    same major at minor Y or above (sm_86 on 8.9, not on 9.0 nor 7.5); an ``a`` cubin (sm_90a) on
+    that capability only.  torch treats ``compute_XY`` like ``sm_XY``; it is PTX, which the driver
+    compiles for any newer GPU, majors included (CUDA C++ Programming Guide, "Binary
+    Compatibility" and "PTX Compatibility"), so here it runs on XY and above."""
+    match = re.fullmatch(r"(sm|compute)_(\d+)([af]?)", arch)
+    if not match:
+        return False
+    code, suffix = int(match[2]), match[3]
+    if suffix == "a":  # arch-specific features: neither forward nor family compatible
+        return capability == code
+    if match[1] == "compute":
+        return capability >= code
+    if {code, capability} == {101, 110}:
+        return True
+    if code in _INTEGRATED_GPUS:
+        return capability == code
+    if capability in _INTEGRATED_GPUS and not (cuda >= (13, 2) and code in (70, 80, 86)):
+        return False
+    return capability // 10 == code // 10 and capability >= code
+
+
+def _cuda_tuple(version: str | None) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", version or "")[:2])
+
+
+def cuda_arch_error(name: str, capability: tuple[int, int], arch_list: Sequence[str], *,
+                    torch_version: str, cuda: str | None, machine: str = "x86_64",
+                    torchvision: str | None = None, index: int = 0) -> str | None:  # fmt: skip
+    """The one line that stops a rank whose GPU this torch has no kernels for, else None.  Its
+    inputs are what torch reports (``get_device_name``, ``get_device_capability``,
+    ``get_arch_list``, ``__version__``, ``version.cuda``), so every GPU can be tried without one.
+    As torch does, a build with no CUDA or an empty arch list (ROCm, some source builds) passes."""
+    if cuda is None or not arch_list:
+        return None
+    cc = capability[0] * 10 + capability[1]
+    if any(arch_runs_on(arch, cc, _cuda_tuple(cuda)) for arch in arch_list):
+        return None
+    base = torch_version.split("+")[0]
+    release = ".".join(base.split(".")[:2])
+    pins = f"torch=={base}" + (f" torchvision=={torchvision.split('+')[0]}" if torchvision else "")
+    table = TORCH_CUDA_BUILDS.get(machine, TORCH_CUDA_BUILDS["x86_64"])
+    builds = [(tag, driver, codes) for tag, driver, codes in table
+              if any(arch_runs_on(f"sm_{code}", cc) for code in codes)]  # fmt: skip
+    if release != TORCH_CUDA_BUILDS_RELEASE:
+        fix = (f"install a build of torch {base} that has sm_{cc} kernels (pytorch.org's install "
+               f"selector lists each release's CUDA builds), or run on another GPU partition.")
+    elif builds:
+        tag, driver, codes = builds[0]
+        runs = " ".join(f"sm_{c}" for c in codes if arch_runs_on(f"sm_{c}", cc))
+        fix = (f"install the {tag} build of torch {release}, which has {runs} kernels and "
+               f"needs driver {driver} or newer: pip install {pins} --index-url "
+               f"https://download.pytorch.org/whl/{tag} (README.md, \"On a real cluster\").")
+    else:
+        spans = ", ".join(f"{tag}: sm_{codes[0]} to sm_{codes[-1]}" for tag, _, codes in table)
+        fix = (f"no CUDA build of torch {release} has kernels for it ({spans}): use an older "
+               f"torch release, or another GPU partition.")
+    return (f"GPU {index} ({name}) has compute capability {capability[0]}.{capability[1]} "
+            f"(sm_{cc}), which torch {torch_version} cannot run: it was built for "
+            f"{' '.join(arch_list)} (torch.cuda.get_arch_list()), so its first kernel or NCCL "
+            f"call would fail with \"no kernel image is available\"; {fix}")  # fmt: skip
+
+
+def check_cuda_arch(index: int) -> None:
+    """Before ``torch.cuda.set_device``: stop in one line if this process's GPU is one the
+    installed torch has no kernels for (a V100 under the CUDA 13 wheel).  torch itself only warns
+    there (``_check_capability``, several lines at CUDA's first use), and every rank then dies at
+    its first kernel or NCCL call.  Called by common.env's ``cuda_device_index``."""
+    import warnings
+    from importlib import metadata
+
+    import torch  # the caller has imported it already
+
+    if torch.version.cuda is None or not torch.cuda.is_available():
+        return
+    if not 0 <= index < torch.cuda.device_count():
+        return  # two ranks on one GPU and the like: cuda_device_index's own refusals say it
+    # The first call that needs CUDA initialised runs torch's queued checks, whose warning would
+    # come before the one line below and say less: hold what the filters let through, and show
+    # it where the GPU is fine.
+    with warnings.catch_warnings(record=True) as held:
+        capability = torch.cuda.get_device_capability(index)
+        name = torch.cuda.get_device_name(index)
+    try:
+        torchvision = metadata.version("torchvision")
+    except metadata.PackageNotFoundError:
+        torchvision = None
+    error = cuda_arch_error(name, capability, torch.cuda.get_arch_list(),
+                            torch_version=torch.__version__, cuda=torch.version.cuda,
+                            machine=platform.machine(), torchvision=torchvision,
+                            index=index)  # fmt: skip
+    if error:
+        raise LaunchError(error)
+    for warning in held:
+        warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 # --------------------------------------------------------------------------- pure helpers

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from common import jobwait
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_LOG_DIR = Path("/var/lib/course-cluster/log")
 UP_TIMEOUT_S = 900  # includes apt-get on a machine without the packages
@@ -83,6 +85,8 @@ EVERY_SLURM = (
     # (lesson 05's preemption job takes 80 s on 24.11; test_cluster_preempt above asserts each
     # version's preemption and requeue counts, and this job script runs the lesson's training)
     "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job",
+    # (both scripts share the stop rules of common/job_env.sh: lesson 07's job on every version)
+    "tests/test_lesson05_cancel.py::test_plain_scancel_saves_and_the_job_stays_cancelled[07]",
     "tests/test_lesson06.py::test_wrong_interface",
     "tests/test_lesson06.py::test_world_size_exported_wrong",
     "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1",
@@ -127,9 +131,11 @@ def restarts_after_a_kill_at_the_end_of_grace_time() -> int:
 
 
 # Every process the suite starts (jobs, tasks, notebook kernels) skips the garbage collector's
-# last pass at exit: tests/exitfast/sitecustomize.py says why.
+# last pass at exit: tests/exitfast/sitecustomize.py says why, tests/README.md what it saves.
+# COURSE_TEST_EXITFAST=0 runs them without it, exactly as students run them.
 _EXITFAST = str(ROOT / "tests" / "exitfast")
-if _EXITFAST not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+if (os.environ.get("COURSE_TEST_EXITFAST", "1") == "1"
+        and _EXITFAST not in os.environ.get("PYTHONPATH", "").split(os.pathsep)):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (_EXITFAST, os.environ.get("PYTHONPATH")) if p)
 
@@ -141,6 +147,9 @@ def _loadgroup(config) -> bool:
 
 
 def pytest_configure(config):
+    if os.environ.get("COURSE_TEST_EXITFAST", "1") not in ("0", "1"):
+        raise pytest.UsageError(f"COURSE_TEST_EXITFAST={os.environ['COURSE_TEST_EXITFAST']!r}: set "
+                                "it to 0 (processes as students run them) or 1 (the default)")
     config.addinivalue_line(
         "markers", "every_slurm: also run on the second Slurm version (make test-slurm, CI)",
     )
@@ -222,6 +231,20 @@ def pytest_xdist_node_collection_finished(node, ids):
             "requirements.txt",
             returncode=pytest.ExitCode.USAGE_ERROR,
         )
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The READMEs' commands in a few lines, when this run had them: how many ran, how many
+    other tests submit or run as written, how many were skipped and why
+    (tests/test_readme_commands.py)."""
+    stats, ours = terminalreporter.stats, "tests/test_readme_commands.py::test_readme_command["
+    if any(getattr(r, "nodeid", "").startswith(ours)
+           for reports in stats.values() for r in reports):  # fmt: skip
+        from test_readme_commands import summary
+
+        terminalreporter.section("README commands")
+        for line in summary(stats):
+            terminalreporter.write_line(line)
 
 
 def job_environ(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -376,80 +399,25 @@ def _script_sets_output(script: Path) -> bool:
     return False
 
 
-# Base job states in which a job has ended for good (squeue/scontrol names). A requeued job
-# goes back to PENDING (shown as REQUEUED while it is cleaned up), so it is not among them.
-FINISHED_STATES = {
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE",
-}  # fmt: skip
-POLL_S = 0.3
+POLL_S = 0.3  # the tests hold the shared cluster: look a little more often than jobwait's 0.5
 
 
 def job_record(job_id: str) -> dict[str, str] | None:
-    """``scontrol show job -o ID`` as a dict, or None once the record is gone (after MinJobAge)."""
-    try:
-        proc = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
-            timeout=30, env=job_environ(),
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return {}  # the controller is slow to answer: unknown, ask again
-    if proc.returncode != 0:
-        return None if "Invalid job id" in proc.stderr else {}
-    return dict(re.findall(r"(?:^|\s)(\w+)=(\S*)", proc.stdout))
-
-
-def _accounted_end(job_id: str) -> tuple[str, str] | None:
-    """(State, ExitCode) of a finished job from the accounting database, if there is one."""
-    try:
-        proc = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"],
-            capture_output=True, text=True, timeout=30, env=job_environ(),
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return None
-    rows = [line.split("|") for line in proc.stdout.split()]
-    if proc.returncode != 0 or not rows or len(rows[-1]) != 2:
-        return None
-    state, code = rows[-1]
-    return state.split()[0], code
-
-
-def job_exit_status(exit_code: str) -> int:
-    """What ``sbatch --wait`` returns for a finished job with ExitCode "STATUS:SIGNAL": the
-    batch script's exit status, or 1 when it was ended by a signal (sbatch.c, _job_wait)."""
-    status, _, sig = exit_code.partition(":")
-    if not status.isdigit() or (sig and sig != "0"):
-        return 1
-    return int(status)
+    """``scontrol show job -o ID`` as a dict (an array: its last line), or None once the record
+    is gone (MinJobAge after the end); {} when the controller did not answer."""
+    records = jobwait.job_records(job_id, env=job_environ())
+    return None if records is None else (records[-1] if records else {})
 
 
 def wait_job(job_id: str, timeout: float, poll: float = POLL_S) -> tuple[str, int, dict]:
-    """Poll the job until it has finished; return (state, exit status, last record seen).
+    """Poll the job until it has finished (common/jobwait.py, the course's one job-wait);
+    return (state, exit status as sbatch --wait gives it: 1 for a signal, last record seen).
 
-    Faster than ``sbatch --wait`` (which polls after 2, 10, 42, 74... s). A requeued job is
-    waited for until its last run ends. Raises TimeoutError after ``timeout`` seconds.
+    A requeued job is waited for until its last run ends. Raises TimeoutError after
+    ``timeout`` seconds, RuntimeError when the job vanished before it was seen ending.
     """
-    deadline = time.monotonic() + timeout
-    last: dict[str, str] = {}
-    while True:
-        record = job_record(job_id)
-        if record is None:  # the record is gone: the job ended more than MinJobAge ago
-            ended = _accounted_end(job_id)
-            if ended:
-                return ended[0], job_exit_status(ended[1]), last
-            state = last.get("JobState", "")
-            if state in FINISHED_STATES:
-                return state, job_exit_status(last.get("ExitCode", "")), last
-            raise RuntimeError(f"job {job_id} vanished from slurmctld before it was seen ending")
-        if record:
-            last = record
-            state = record.get("JobState", "")
-            if state in FINISHED_STATES:
-                return state, job_exit_status(record.get("ExitCode", "")), record
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} still {last.get('JobState', '?')} after {timeout} s")
-        time.sleep(poll)
+    end = jobwait.wait(job_id, timeout, poll=poll, env=job_environ())
+    return end.state, end.status, (end.records[-1] if end.records else {})
 
 
 def slurm(*args, timeout: float = 30, env: dict[str, str] | None = None) -> str:

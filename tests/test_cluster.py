@@ -78,7 +78,8 @@ def recorded_daemons():
         (["--gpus"], "unknown option '--gpus'"),
         (["node1"], "unknown option 'node1'"),
         (["--site", "lenient"], "--site (or COURSE_CLUSTER_SITE) must be one of strict, "
-                                "export-none, shared-tmp, rank0-elsewhere, got 'lenient'"),
+                                "export-none, shared-tmp, rank0-elsewhere, pyxis, pyxis-hook, "
+                                "got 'lenient'"),
     ],
 )
 def test_up_rejects_bad_flags_with_the_flag_named(args, message):

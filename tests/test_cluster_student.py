@@ -107,20 +107,13 @@ def test_student_runs_lesson03_from_own_copy(cluster_lock, course_copy):
     assert load(ckpt)["epoch"] == 1
 
 
-@pytest.mark.long  # about 40 s: three runs of lesson 03 (make test-long)
+@pytest.mark.long  # about 30 s: two runs of lesson 03 (make test-long)
 @pytest.mark.timeout(600)
 def test_student_runs_lesson03_readme_then_stops_and_resumes(cluster_lock, course_copy):
-    """Lesson 03's README as a student types it, on the first 2,048 and 6,000 images (SUBSET):
-    the default job (3 epochs); then §4, a run saved in checkpoints/mine.pt, stopped after an
-    epoch (scancel) and resumed by the same command."""
-    job, state, code, record, out = submit_as_student(
-        cluster_lock, course_copy, "lessons/03_ddp_mnist/job.sh", env={"SUBSET": "2048"})
-    text = out.read_text()
-    assert (state, code) == ("COMPLETED", 0), text
-    check_job_output(text, epochs=3, min_acc=50.0)  # it learns: 10 % is a guess
+    """Lesson 03's README as a student types it, §4 on the first 6,000 images (SUBSET): a run
+    saved in checkpoints/mine.pt, stopped after an epoch (scancel) and resumed by the same
+    command. (The default job runs as README.md's `make demo`: tests/test_demo.py.)"""
     ckpt = course_copy / "checkpoints" / "mine.pt"
-    assert not (course_copy / "checkpoints" / f"ddp_mnist-{job}.pt.old").exists()
-
     env = {"SUBSET": "6000", "CHECKPOINT": "checkpoints/mine.pt"}
     with cluster_lock():
         first = sbatch_as_student(course_copy, "lessons/03_ddp_mnist/job.sh", env=env)

@@ -64,6 +64,68 @@ def test_rank0_is_on_the_host_every_task_names(layout):
                for t, e in zip(LAYOUTS[layout], envs, strict=True))  # fmt: skip
 
 
+# What pyxis adds to each task of `srun --container-image` with an NGC PyTorch image
+# (pytorch_setup in pyxis_slurmstepd.c), and with enroot's hook 50-slurm-pytorch.sh; as the
+# local cluster's --site pyxis / pyxis-hook TaskProlog printed them for job 1 (MASTER_PORT 61001).
+def pyxis_vars(procid, localid, hook):
+    own = {"RANK": str(procid), "LOCAL_RANK": str(localid)}
+    if hook:
+        own |= {"WORLD_SIZE": "4", "MASTER_ADDR": "node1", "MASTER_PORT": "61001",
+                "OMP_NUM_THREADS": "1"}  # fmt: skip
+    return own
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["pyxis", "pyxis-hook"])
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_pyxis_rank_variables_keep_rank0_on_the_first_host(layout, hook):
+    """RANK=SLURM_PROCID would put rank 0 wherever srun placed task 0 (node2 in three of the
+    layouts), while MASTER_ADDR, the hook's too, names node1: the ranks stay node by node."""
+    envs = [resolve_launch_env(task(*t, **pyxis_vars(t[0], t[2], hook)), argv=["train.py"],
+                               check=False) for t in LAYOUTS[layout]]  # fmt: skip
+    assert [e.launcher for e in envs] == ["slurm"] * 4
+    assert all(e.rank == 2 * t[1] + t[2] and e.local_rank == t[2] and e.world_size == 4
+               for t, e in zip(LAYOUTS[layout], envs, strict=True))  # fmt: skip
+    assert {(e.master_addr, e.master_port) for e in envs} == {("node1", 61001 if hook else 15077)}
+
+
+# A heterogeneous step as the local cluster (Slurm 22.05.8) ran it: in a 2-node job,
+# `srun -N1 -n2 -w node2 ... : -N1 -n1 -w node1 ...` (component 0 on node2) and the same from
+# `#SBATCH hetjob` with `srun --het-group=0,1`. srun sorted the host list and the task counts
+# (node1 first), SLURM_NODEID is the component's offset plus its node index (node2's is 0).
+HET_STEP = {"SLURM_JOB_ID": "3", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "3",
+            "SLURM_STEP_NUM_TASKS": "3", "SLURM_STEP_NUM_NODES": "2", "SLURM_NNODES": "2",
+            "SLURM_STEP_NODELIST": "node[1-2]", "SLURM_JOB_NODELIST": "node[1-2]",
+            "SLURM_STEP_TASKS_PER_NODE": "1,2", "SLURM_TASKS_PER_NODE": "1,2"}  # fmt: skip
+# (SLURMD_NODENAME, SLURM_PROCID, SLURM_NODEID, SLURM_LOCALID) of each task
+HET_TASKS = [("node2", 0, 0, 0), ("node2", 1, 0, 1), ("node1", 2, 1, 0)]
+HET_JOB = {"SLURM_HET_SIZE": "2", "SLURM_JOB_NODELIST_HET_GROUP_0": "node2",
+           "SLURM_JOB_NODELIST_HET_GROUP_1": "node1", "SLURM_NTASKS_HET_GROUP_0": "2",
+           "SLURM_NTASKS_HET_GROUP_1": "1"}  # fmt: skip
+
+
+@pytest.mark.parametrize("extra", [{}, HET_JOB], ids=["het-step", "hetjob"])
+def test_heterogeneous_step_numbers_nodes_by_the_sorted_host_list(extra):
+    """Read with SLURM_NODEID, node2's tasks took node1's place (one task there, so local rank
+    1 was refused), and task 0 on node2 was rank 0 while every rank looked for it at node1."""
+    envs = {(node, procid): resolve_launch_env(
+        {**HET_STEP, **extra, "SLURMD_NODENAME": node, "SLURM_PROCID": str(procid),
+         "SLURM_NODEID": str(nodeid), "SLURM_LOCALID": str(localid)},
+        argv=["train.py"], check=False) for node, procid, nodeid, localid in HET_TASKS}  # fmt: skip
+    got = {k: (e.rank, e.node_rank, e.local_rank, e.local_world_size) for k, e in envs.items()}
+    assert got == {("node1", 2): (0, 0, 0, 1), ("node2", 0): (1, 1, 0, 2),
+                   ("node2", 1): (2, 1, 1, 2)}  # fmt: skip
+    assert {e.master_addr for e in envs.values()} == {"node1"}
+    assert {(e.world_size, e.num_nodes) for e in envs.values()} == {(3, 2)}
+    # A het job's batch script sees component 0's hosts only (SLURM_JOB_NODELIST=node2): a
+    # MASTER_ADDR it exported is refused by rank 0, on node1, in one line.
+    rank0 = {**HET_STEP, **extra, "SLURMD_NODENAME": "node1", "SLURM_PROCID": "2",
+             "SLURM_NODEID": "1", "SLURM_LOCALID": "0", "MASTER_ADDR": "node2"}  # fmt: skip
+    env0 = resolve_launch_env(rank0, argv=["x"], check=False)
+    assert env0.rank == 0
+    with pytest.raises(LaunchError, match=r"^MASTER_ADDR=node2 but rank 0 runs on node1"):
+        check_rank0_here(env0, rank0, ["node1", "node2"])
+
+
 def test_uneven_nodes_count_the_earlier_nodes_tasks():
     """-n4 over 2 nodes without --ntasks-per-node can give node1 3 tasks and node2 1."""
     layout = [(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0)]

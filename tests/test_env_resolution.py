@@ -278,6 +278,44 @@ RESOLUTION_CASES = [
         "localhost",
         29400,
     ),
+    # pyxis (srun --container-image, an image that defines PYTORCH_VERSION) sets RANK and
+    # LOCAL_RANK to SLURM_PROCID and SLURM_LOCALID in every task (pytorch_setup); enroot's hook
+    # 50-slurm-pytorch.sh adds WORLD_SIZE=SLURM_NTASKS, MASTER_ADDR and MASTER_PORT (61000 +
+    # job id % 4536). Read as srun's own: ranks node by node, the hook's address and port.
+    (
+        "pyxis-rank-and-local-rank",
+        slurm_step(3, 1, 1, 4, "node[1-2]", "2(x2)", RANK="3", LOCAL_RANK="1"),
+        {},
+        ("slurm", 3, 1, 4, 2, 1, 2),
+        "node1",
+        16234,
+    ),
+    (
+        "pyxis-with-enroot-hook",
+        slurm_step(2, 0, 1, 4, "node[1-2]", "2(x2)", RANK="2", LOCAL_RANK="0", WORLD_SIZE="4",
+                   MASTER_ADDR="node1", MASTER_PORT="62234"),  # fmt: skip
+        {},
+        ("slurm", 2, 0, 4, 2, 1, 2),
+        "node1",
+        62234,
+    ),
+    (
+        "pyxis-mp.spawn-per-node",
+        slurm_step(1, 0, 1, 2, "node[1-2]", "1(x2)", RANK="1", LOCAL_RANK="0"),
+        {"spawn_index": 1, "spawn_nprocs": 2},
+        ("mp.spawn", 3, 1, 4, 2, 1, 2),
+        "node1",
+        16234,
+    ),
+    (
+        "pyxis-hook-mp.spawn-per-node",
+        slurm_step(0, 0, 0, 2, "node[1-2]", "1(x2)", RANK="0", LOCAL_RANK="0", WORLD_SIZE="2",
+                   MASTER_ADDR="node1", MASTER_PORT="62234", OMP_NUM_THREADS="1"),  # fmt: skip
+        {"spawn_index": 0, "spawn_nprocs": 2},
+        ("mp.spawn", 0, 0, 4, 2, 0, 2),
+        "node1",
+        62234,
+    ),
     (
         "torchrun-under-srun-one-task-per-node",
         {**slurm_step(1, 0, 1, 2, "node[1-2]", "1(x2)"), **torchrun_worker(3, 1, 4, 2, 1, 2)},
@@ -479,6 +517,27 @@ ERROR_CASES = [
         {"RANK": "0", "WORLD_SIZE": "2", **slurm_step(0, 0, 0, 4, "n[1-2]", "2(x2)")},
         {},
         ["WORLD_SIZE=2", "SLURM_STEP_NUM_TASKS=4"],
+    ),
+    (
+        # RANK that is not SLURM_PROCID in an srun task, no WORLD_SIZE: not pyxis's; say so.
+        "rank-by-hand-in-srun-without-world-size",
+        {"RANK": "2", "LOCAL_RANK": "0", **slurm_step(0, 0, 0, 4, "n[1-2]", "2(x2)")},
+        {},
+        ["WORLD_SIZE is not set", "RANK=2", "SLURM_PROCID=0", "pyxis", "unset RANK"],
+    ),
+    (
+        "pyxis-local-rank-missing",
+        {"RANK": "1", **slurm_step(1, 1, 0, 4, "n[1-2]", "2(x2)")},
+        {},
+        ["WORLD_SIZE is not set", "LOCAL_RANK=<not set>", "pyxis"],
+    ),
+    (
+        # srun --preserve-env keeps the job's SLURM_NTASKS, from which the hook sets WORLD_SIZE.
+        "pyxis-hook-world-size-of-the-job",
+        {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "4",
+         **slurm_step(1, 1, 0, 2, "n1", "2", SLURM_NTASKS="4")},  # fmt: skip
+        {},
+        ["WORLD_SIZE=4", "SLURM_STEP_NUM_TASKS=2", "50-slurm-pytorch.sh"],
     ),
     (
         "torchrun-nnodes-disagrees-with-srun",

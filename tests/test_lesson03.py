@@ -4,9 +4,9 @@ CPU: train.py as a single-node gloo world on a subset of MNIST; a run killed aft
 checkpoint resumes at the epoch boundary and ends like an uninterrupted one; a damaged checkpoint
 or a flag that cannot work is one line, printed once, never a traceback.
 Carried: train.py with three files of common/ in a directory of its own trains under torchrun
-and under srun. Cluster: bad input refused before srun. job.sh itself runs for one epoch on the
-local 2 x 2 cluster as the ordinary user `student` (tests/test_cluster_student.py, with
-check_job_output).
+and under srun. Cluster: bad input refused before srun; the README's quick first run (SUBSET=2048,
+make test-long). job.sh itself runs for one epoch on the local 2 x 2 cluster as the ordinary
+user `student` (tests/test_cluster_student.py, with check_job_output).
 """
 
 import re
@@ -282,3 +282,20 @@ def test_job_refuses_bad_input_before_srun(cluster, cluster_lock, tmp_path, env,
     status, text = submit(cluster_lock, tmp_path, *args, env=env, timeout=60)
     lines = text.strip().splitlines()
     assert status == 2 and len(lines) == 1 and lines[0].startswith(message), text
+
+
+@pytest.mark.long  # 3 epochs of 2,048 images on 2 nodes x 2 tasks, about 20 s (make test-long)
+@pytest.mark.timeout(400)
+def test_quick_first_run_as_the_readme_types_it(cluster, tmp_path):
+    """§2's quick first run, `SUBSET=2048 sbatch lessons/03_ddp_mnist/job.sh`: the default
+    3 epochs on the first 2,048 images of each set, saved in a checkpoint of the job's own."""
+    status, text = submit_job(tmp_path, JOB, env={"SUBSET": "2048"}, timeout=300)
+    saved = re.search(r"^epochs 3, checkpoint (\S+/checkpoints/ddp_mnist-\d+\.pt)$", text, re.M)
+    try:
+        assert status == 0 and saved, text
+        assert "training 3 epochs on 2048 images" in text, text
+        check_job_output(text, epochs=3, min_acc=50.0)  # it learns: 10 % is a guess
+        assert load(saved[1])["epoch"] == 3
+    finally:
+        if saved:
+            Path(saved[1]).unlink(missing_ok=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -114,3 +115,36 @@ def test_sample_output_has_the_shape_of_a_run():
                for v in images.values()), out
     assert len(re.findall(r"^\d+: node\d: host: \S+, torch: none$", out, re.MULTILINE)) == 2, out
     check_training(out, nodes=2, per_node=2, hosts=["node1", "node2"])
+
+
+@pytest.mark.timeout(120)
+def test_gpus_without_the_drivers_libraries_name_ch_fromhost(home_tmp):
+    """On a GPU node the image has the CUDA runtime from the wheels but not the driver's
+    libcuda.so, which belongs to the node, and ch-run injects nothing (`ch-fromhost --nvidia` is
+    the step, README.md): torch in the image sees no GPU, and common/ says so in one line that
+    names the step.  Run in the real image, where SLURM gave the node a GPU and an NVIDIA device
+    file exists (a file here: the check reads the names, /dev/nvidia* on a GPU node)."""
+    if not (IMAGE / "usr/bin/python3").exists():
+        pytest.fail(f"no Charliecloud image at {IMAGE}: build it with `make container` "
+                    "(part of `make setup`)", pytrace=False)
+    libs = {p.name for p in IMAGE.glob("usr/local/lib/python3*/dist-packages/nvidia/**/lib*.so*")}
+    assert any(n.startswith("libcudart.so") for n in libs), sorted(libs)  # the runtime: there
+    assert not any(n.startswith("libcuda.so") for n in libs), sorted(libs)  # the driver's: not
+    course = home_tmp / "course"
+    shutil.copytree(ROOT / "common", course / "common",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    (home_tmp / "nvidia0").touch()
+    code = ("import sys, torch\nfrom common.env import LaunchError, check_cuda_usable\n"
+            "try:\n    check_cuda_usable({'SLURM_GPUS_ON_NODE': '1'}, sys.argv[1])\n"
+            "except LaunchError as exc:\n    sys.exit(f'error: {exc}')\n")  # fmt: skip
+    proc = subprocess.run(
+        ["ch-run", "-b", "/home:/home", "-c", str(course), str(IMAGE), "--",
+         "python3", "-c", code, f"{home_tmp}/nvidia[0-9]*"],
+        env={"PATH": "/usr/local/bin:/usr/bin:/bin", "USER": "root", "PYTHONPATH": str(course)},
+        capture_output=True, text=True, timeout=90,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and f"but torch {TORCH_IN_IMAGE}+cu" in lines[0], proc.stderr
+    assert "Charliecloud image needs the driver's libraries" in lines[0], lines[0]
+    assert "ch-fromhost --nvidia <image>" in lines[0], lines[0]

@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import job_environ
+from conftest import job_environ, wait_job
 from helpers import ROOT, clean_environ, sample_output
 
 LESSON = ROOT / "lessons" / "06_diagnosing_hangs"
@@ -25,8 +24,6 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(LESSON))
 
 import allreduce_bench  # noqa: E402
-
-from common.notebook import job_state  # noqa: E402
 
 JOB_TIMEOUT = 240  # the cluster lock may be held by someone else's job first
 SHORT = {"COURSE_DIST_TIMEOUT": "5"}
@@ -100,7 +97,7 @@ def test_benchmark_sample_is_a_full_run():
 def run_job(cluster, cluster_lock, tmp_path):
     """Submit a job script of the lesson and wait for it: (exit status, output text).
 
-    The job's state is asked twice a second (``sbatch --wait`` looks only after 2, 10 and 42 s),
+    The job's state is asked every 0.3 s (``sbatch --wait`` looks only after 2, 10 and 42 s),
     so the shared cluster is held no longer than the job runs.
     """
 
@@ -114,14 +111,11 @@ def run_job(cluster, cluster_lock, tmp_path):
             )  # fmt: skip
             assert proc.returncode == 0, proc.stderr
             job_id = proc.stdout.strip().split(";")[0]
-            deadline = time.monotonic() + JOB_TIMEOUT
-            state, status = job_state(job_id)
-            while status is None:
-                if time.monotonic() > deadline:
-                    subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
-                    pytest.fail(f"job {job_id} ({script}) still {state} after {JOB_TIMEOUT} s")
-                time.sleep(0.5)
-                state, status = job_state(job_id)
+            try:
+                _, status, _ = wait_job(job_id, JOB_TIMEOUT)
+            except (TimeoutError, RuntimeError) as exc:
+                subprocess.run(["scancel", job_id], capture_output=True, timeout=30)
+                pytest.fail(f"{exc} ({script}); cancelled")
         out = list(tmp_path.glob(f"*-{job_id}.out"))
         return status, out[0].read_text() if out else ""
 

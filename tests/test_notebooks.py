@@ -151,3 +151,14 @@ def test_slurm_task_examples_resolve_to_every_rank_once():
         ]
     )
     assert spawned == [{**p, "launcher": "mp.spawn"} for p in procs]
+
+
+def test_code_excerpt_of_shell_functions_takes_the_comment_above_and_the_closing_brace(tmp_path):
+    a = "# what a does\n# and why\na() {\n    if x; then\n    fi\n}"
+    script = tmp_path / "x.sh"
+    script.write_text(f"#!/bin/bash\n# --- a section\n{a}\n\nb() {{\n    echo b\n}}\n")
+    header, code = notebook.code_excerpt(script, "b", "a")
+    assert header.endswith("lines 10-12, 3-8")
+    assert code == "b() {\n    echo b\n}\n\n" + a
+    with pytest.raises(ValueError, match="defines no c"):
+        notebook.code_excerpt(script, "c")

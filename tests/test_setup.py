@@ -228,6 +228,9 @@ def test_gpus_given_and_present_but_unusable_stops(tmp_path):
     if torch.version.cuda:
         assert f"torch.version.cuda={torch.version.cuda}" in message, message
         assert "the driver is older than this CUDA build needs" in message, message
+        # each container runtime's way to hand in the GPUs: enroot, Apptainer, Charliecloud
+        for way in ("apptainer --nv", "pyxis", "ch-fromhost --nvidia <image>"):
+            assert way in message, message
     else:
         assert "CPU-only build" in message, message
 

@@ -44,6 +44,10 @@ APPTAINER_IMAGE=${COURSE_APPTAINER_IMAGE:-$HOME/apptainer-images/pytorch-25.01-p
 # ---- Container (enroot) ---------------------------------------------------
 # Where the image comes from, and the squashfs file `enroot import` turns it
 # into. The file lives on a shared filesystem so it is imported only once.
+# By default it, enroot's layer cache (ENROOT_CACHE_PATH, ~/.cache/enroot) and
+# the unpacked container (ENROOT_DATA_PATH, ~/.local/share/enroot) are all in
+# $HOME: the image three times over, more than many home quotas hold. Point
+# the three at project or scratch space (README.md, "Three copies in your home").
 CONTAINER_URI=${COURSE_CONTAINER_URI:-docker://nvcr.io#nvidia/pytorch:25.01-py3}
 CONTAINER_IMAGE=${COURSE_CONTAINER_IMAGE:-$HOME/enroot-images/nvidia+pytorch+25.01-py3.sqsh}
 # `enroot create --name` unpacks the image into $ENROOT_DATA_PATH/<name>; later

@@ -8,7 +8,8 @@
 #            to everything, and SIGKILL KillWait seconds after that (measured: README,
 #            "Which process gets which signal")
 # Either way the training saves a checkpoint at its next safe point and exits with 75, and
-# the job is put back in the queue; its next run resumes from the checkpoint.
+# the job is put back in the queue; its next run resumes from the checkpoint. A plain
+# `scancel <jobid>` (SIGTERM to this shell and the tasks) saves too, but the job stays cancelled.
 #
 #   sbatch lessons/05_fault_tolerance/requeue.sh [EPOCHS [train.py arguments...]]
 #   SUBSET=12800 sbatch lessons/05_fault_tolerance/requeue.sh   # quicker: the first 12,800 images
@@ -50,58 +51,24 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) starts $(date -u '+%F %T') UTC in 
      "$SLURM_JOB_PARTITION, SLURM_RESTART_COUNT=${SLURM_RESTART_COUNT:-0}"
 eval "$(python -m common.env --export)"
 
-# The signals come to this shell. bash runs a trap only once the foreground command has ended,
-# so srun runs in the background and we `wait` for it (a trapped signal interrupts `wait`);
-# the trap passes SIGUSR1 on to srun, which forwards it to every task. Always SIGUSR1: srun
-# answers a SIGTERM of its own by killing the tasks at once ("forcing job termination").
-srun_pid=
-signalled=
-# shellcheck disable=SC2317  # called by the traps
-on_signal() {
-    signalled=$1
-    echo "=== $(date -u '+%T') got SIG$1: asking the training to checkpoint and stop"
-    if [[ -n $srun_pid ]]; then kill -USR1 "$srun_pid" 2>/dev/null || true; fi
-}
-trap 'on_signal USR1' USR1
-trap 'on_signal TERM' TERM
-
+# The signals come to this shell; common/job_env.sh's course_srun_stoppable runs srun in the
+# background, traps SIGUSR1 and SIGTERM and passes them on to srun as SIGUSR1, which forwards it
+# to every task: train.py saves and exits 75 (§1 of the README says why each step is needed).
 # In Slurm 22.05 to 23.02 srun does not inherit --cpus-per-task from the job (23.11 restored
 # it through SLURM_CPUS_PER_TASK): passing it explicitly is right on every version.
 # (No --kill-on-bad-exit here: it counts exit status 75 as a failure, and would kill the
 # ranks that are still leaving after the checkpoint, so srun would not report 75.)
-srun --cpus-per-task="$SLURM_CPUS_PER_TASK" \
+course_srun_stoppable srun --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     python "$COURSE_ROOT/lessons/05_fault_tolerance/train.py" \
-    --epochs "$EPOCHS" --checkpoint "$CHECKPOINT" "$@" &
-srun_pid=$!
-status=
-while [[ -z $status ]]; do
-    wait "$srun_pid" && rc=0 || rc=$?
-    # A trap cut `wait` short (status > 128) while srun still runs: wait again.
-    if (( rc > 128 )) && kill -0 "$srun_pid" 2>/dev/null; then continue; fi
-    status=$rc
-done
+    --epochs "$EPOCHS" --checkpoint "$CHECKPOINT" "$@"
 
-# Stopped by the signal itself: a stop that came while Python was still starting, before
-# train.py had set its handler, ends the tasks (SIGTERM's and SIGUSR1's default action; srun
-# reports 143 or 138). Nothing was saved this time, but it is the same stop: requeue, and the
-# next run resumes from the last checkpoint, if there is one.
-if (( status == 143 || status == 138 )) || [[ -n $signalled && $status -ne 0 ]]; then
-    echo "=== $(date -u '+%T') the training ended with status $status, stopped before it could save"
-    status=75
-fi
-if (( status == 75 )); then
-    # Saved and asked to run again. A preempted job that ends before its GraceTime is not
-    # requeued by Slurm 22.05 (cluster/README.md, Preemption): this requeue is what does it. A
-    # refused requeue (job cancelled, JobRequeue=0 and no --requeue, ...) must not end the
-    # job COMPLETED: say so, keep the checkpoint, and exit 75 (the job ends FAILED).
-    resume="resumes from $CHECKPOINT"
-    [[ -e $CHECKPOINT ]] || resume="starts from the beginning (no checkpoint yet)"
-    echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${signalled:+ (after SIG$signalled)}; it $resume"
-    if ! said=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
-        echo "error: scontrol requeue $SLURM_JOB_ID was refused (${said//$'\n'/ }): the job ends here, not requeued. The checkpoint $CHECKPOINT is kept: resume it with CHECKPOINT=$CHECKPOINT sbatch lessons/05_fault_tolerance/requeue.sh $EPOCHS" >&2
-        exit 75
-    fi
-    exit 0
-fi
+# Stopped (75, or ended by the signal itself): back to the queue while the job still runs (the
+# time-limit warning, a preemption's grace time); a job cancelled with scancel is not requeued,
+# and a refused requeue fails the job in one line. Both keep the checkpoint (course_requeue_or_end).
+next="resumes from $CHECKPOINT"
+[[ -e $CHECKPOINT ]] || next="starts from the beginning (no checkpoint yet)"
+status=0
+course_requeue_or_end "$COURSE_STATUS" "$next" \
+    "CHECKPOINT=$CHECKPOINT sbatch lessons/05_fault_tolerance/requeue.sh $EPOCHS" || status=$?
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished with status $status"
 exit "$status"

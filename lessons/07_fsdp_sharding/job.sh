@@ -1,7 +1,7 @@
 #!/bin/bash
 # Lesson 07: lesson 03's MNIST job with the model sharded by FSDP2 and sharded DCP checkpoints,
 # on 2 nodes x 2 GPUs. Stopped, it saves and requeues itself (lesson 05); it may come back on
-# fewer nodes: the checkpoint written by 4 ranks is loaded by 2.
+# fewer nodes: the checkpoint written by 4 ranks is loaded by 2. Cancelled, it saves and ends.
 #
 #   sbatch lessons/07_fsdp_sharding/job.sh            # from the course root: 2 epochs
 #   sbatch lessons/07_fsdp_sharding/job.sh 1 --train-subset 12000   # more arguments: train.py
@@ -62,41 +62,21 @@ echo "epochs $EPOCHS, checkpoints in $CHECKPOINT_DIR"
 eval "$(python -m common.env --export)"
 echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT WORLD_SIZE=$SLURM_NTASKS"
 
-# The signals come to this shell; bash runs a trap only once the foreground command has ended,
-# so srun runs in the background and we `wait` for it. The trap passes SIGUSR1 on to srun, which
-# forwards it to every task (lesson 05's requeue.sh explains each step).
-srun_pid=
-signalled=
-# shellcheck disable=SC2317  # called by the traps
-on_signal() {
-    signalled=$1
-    echo "=== $(date -u '+%T') got SIG$1: asking the training to checkpoint and stop"
-    if [[ -n $srun_pid ]]; then kill -USR1 "$srun_pid" 2>/dev/null || true; fi
-}
-trap 'on_signal USR1' USR1
-trap 'on_signal TERM' TERM
-
+# The signals come to this shell: course_srun_stoppable (common/job_env.sh) runs srun in the
+# background and passes SIGUSR1 or SIGTERM on to it as SIGUSR1, which srun forwards to every
+# task (lesson 05's README, §1, explains each step).
 # In Slurm 22.05 to 23.02 srun does not inherit --cpus-per-task from the job (23.11 restored it
 # through SLURM_CPUS_PER_TASK): passing it explicitly is right on every version.
-srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
-    bash "$COURSE_ROOT/lessons/07_fsdp_sharding/train.sh" "$@" &
-srun_pid=$!
-status=
-while [[ -z $status ]]; do
-    wait "$srun_pid" && rc=0 || rc=$?
-    # A trap cut `wait` short (status > 128) while srun still runs: wait again.
-    if (( rc > 128 )) && kill -0 "$srun_pid" 2>/dev/null; then continue; fi
-    status=$rc
-done
+course_srun_stoppable srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
+    bash "$COURSE_ROOT/lessons/07_fsdp_sharding/train.sh" "$@"
 
-if (( status == 75 )); then
-    # Saved and asked to run again: back to the queue with the same id, script and arguments,
-    # and (Slurm 22.05) the node and task counts of this run, unless they are updated while the
-    # job waits: the next run may be smaller, train.py reshards the checkpoint.
-    echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${signalled:+ (after SIG$signalled)}; it resumes from $CHECKPOINT_DIR"
-    scontrol requeue "$SLURM_JOB_ID" || true
-    exit 0
-fi
+# Saved and asked to run again: back to the queue with the same id, script and arguments,
+# and (Slurm 22.05) the node and task counts of this run, unless they are updated while the
+# job waits: the next run may be smaller, train.py reshards the checkpoint. Not after a plain
+# scancel, and a refused requeue fails the job (course_requeue_or_end, as in lesson 05).
+status=0
+course_requeue_or_end "$COURSE_STATUS" "resumes from $CHECKPOINT_DIR" \
+    "CHECKPOINT_DIR=$CHECKPOINT_DIR sbatch lessons/07_fsdp_sharding/job.sh $EPOCHS" || status=$?
 if (( status == 0 )); then
     # The sharded checkpoint as one ordinary file for inference, written and read back by one
     # plain process on this (batch) host: no process group, no GPU.

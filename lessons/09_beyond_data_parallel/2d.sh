@@ -28,8 +28,9 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST: $SLURM_NNO
 # Where the processes meet: rank 0's node and a port derived from the job id (common/env.py).
 eval "$(python -m common.env --export)"
 
-# tp = tasks per node, so dp = nodes. srun numbers the tasks node by node, which puts each tp
-# group on one node. (Slurm 22.05 to 23.02: pass --cpus-per-task to srun.)
+# tp = tasks per node, so dp = nodes. common/env.py numbers the ranks node by node (whatever
+# order srun deals the tasks in), which puts each tp group on one node. (Slurm 22.05 to 23.02:
+# pass --cpus-per-task to srun.)
 srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     python "$COURSE_ROOT/lessons/09_beyond_data_parallel/tp.py" --count-comms \
     --tp "${TP:-$SLURM_NTASKS_PER_NODE}" --steps "${STEPS:-100}" "$@"

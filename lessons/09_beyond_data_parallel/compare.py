@@ -103,9 +103,10 @@ def check_args(args, world: int, tasks_per_node: int) -> str:
             return (f"--layers {args.layers} is fewer than the {world} pipeline stages: a stage "
                     f"needs at least one layer; pass --layers {world} or more")  # fmt: skip
         if args.microbatches < world or args.batch_size % args.microbatches:
-            return (f"--microbatches {args.microbatches}: PP needs at least one per stage "
-                    f"({world}) and an equal split of --batch-size {args.batch_size}; pass "
-                    f"e.g. --microbatches {world}")  # fmt: skip
+            return (f"--microbatches {args.microbatches}: the pp form needs at least one per "
+                    f"stage ({world}: its Schedule1F1B refuses fewer) and an equal split of "
+                    f"--batch-size {args.batch_size}; pass e.g. --microbatches "
+                    f"{world}")  # fmt: skip
     return ""
 
 

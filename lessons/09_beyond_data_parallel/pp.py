@@ -72,10 +72,13 @@ def check_args(args, world_size: int) -> str:
             return (f"--schedule {s} on {world_size} ranks needs {stages} stages but the model "
                     f"has --layers {args.layers}: a stage needs at least one layer; pass "
                     f"--layers {stages} or more, or run on fewer ranks")  # fmt: skip
-        if (short := min(args.microbatches)) < world_size:
-            return (f"--microbatches {short} is fewer than the {world_size} pipeline ranks: "
-                    "some stages would never have work; pass --microbatches "
-                    f"{world_size} or more")  # fmt: skip
+        # Fewer microbatches than stages is a valid pipeline (every microbatch still passes
+        # through every stage; the bubble grows): GPipe and interleaved 1F1B run it. Only
+        # Schedule1F1B's constructor raises a ValueError for it, so only 1f1b is refused here.
+        if s == "1f1b" and (short := min(args.microbatches)) < stages:
+            return (f"--schedule 1f1b with --microbatches {short} on {stages} stages: torch's "
+                    "Schedule1F1B needs at least one microbatch per stage; pass --microbatches "
+                    f"{stages} or more, or --schedule gpipe, which runs fewer")  # fmt: skip
     return ""
 
 
@@ -154,7 +157,7 @@ def run(args, env, device) -> int:
     gen = torch.Generator().manual_seed(1000)  # every rank draws the same batches
     print0(f"{world} ranks, {args.layers} layers, microbatch {args.microbatch_size} x "
            f"{args.seq_len} bytes; expected bubble (idle share of a rank): (p-1)/(m+p-1), "
-           "interleaved (p-1)/(2m+p-1)"
+           "interleaved (p-1)/(2m+p-1), or 1-2m/(2p+m-1) if m < p"
            + (f"; fixed work {args.compute_ms:g} ms per microbatch and stage" if args.compute_ms
               else ""))  # fmt: skip
     print0(f"{'schedule':>11} {'stages':>6} {'m':>3} {'step s':>7} {'busy s':>7} "
@@ -203,9 +206,12 @@ def run(args, env, device) -> int:
                                   if losses else 0.0], device=device)  # fmt: skip
             dist.all_reduce(stats, op=dist.ReduceOp.MAX)
             step_s, busy_s, loss = stats.tolist()
-            # Interleaved: each rank's work comes in 2m pieces of half the size.
+            # In slots of one piece of work (v pieces a microbatch, v = stages per rank): with
+            # m >= p a rank works v·m slots after a fill of p - 1; with m < p (GPipe and
+            # interleaved run it) a microbatch's loop through the p ranks ends before the rank's
+            # next stage can start, so the step lasts v·p + m - 1. For v = 1 both are m + p - 1.
             p, v = world, per_rank
-            expected = (p - 1) / (v * m + p - 1)
+            expected = 1 - v * m / (v * max(m, p) + min(m, p) - 1)
             print0(f"{name:>11} {num_stages:>6} {m:>3} {step_s:7.3f} {busy_s:7.3f} "
                    f"{1 - busy_s / step_s:7.0%} {expected:13.0%} {loss:6.3f}")  # fmt: skip
     return 0

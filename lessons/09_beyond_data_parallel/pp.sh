@@ -1,14 +1,16 @@
 #!/bin/bash
 # Lesson 09, part 2: pipeline parallelism on 2 nodes x 2 tasks = 4 stages (8 with the
 # interleaved schedule). pp.py times GPipe, 1F1B and interleaved 1F1B at several microbatch
-# counts and prints the measured bubble next to (p-1)/(m+p-1).
+# counts and prints the measured bubble next to the expected one, (p-1)/(m+p-1) for GPipe and
+# 1F1B; then GPipe and interleaved 1F1B with fewer microbatches than stages (1F1B refuses those).
 #
 #   sbatch lessons/09_beyond_data_parallel/pp.sh                       # from the course root
 #   MICROBATCHES=4 STEPS=1 sbatch lessons/09_beyond_data_parallel/pp.sh   # a short run
 #   sbatch lessons/09_beyond_data_parallel/pp.sh --layers 16           # more arguments: pp.py
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
-# (`#SBATCH --gpus-per-task=1`): pp.py then picks cuda:<local rank> and NCCL.
+# (`#SBATCH --gpus-per-task=1`): pp.py then takes the GPU Slurm gave the task (cuda:0, the one
+# it sees: cuda_device_index in common/env.py) and NCCL.
 #SBATCH --job-name=pp
 #SBATCH --output=%x-%j.out
 #SBATCH --nodes=2                  # a pipeline sends only activations at the cuts: nodes are fine
@@ -37,3 +39,8 @@ srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     python "$COURSE_ROOT/lessons/09_beyond_data_parallel/pp.py" \
     --schedule gpipe,1f1b,interleaved --compute-ms 30 \
     --microbatches "${MICROBATCHES:-4,8,16}" --steps "${STEPS:-4}" "$@"
+# Fewer microbatches than stages: every microbatch still passes through every stage, only the
+# bubble grows. torch's Schedule1F1B raises a ValueError for it; GPipe and interleaved run it.
+srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
+    python "$COURSE_ROOT/lessons/09_beyond_data_parallel/pp.py" \
+    --schedule gpipe,interleaved --compute-ms 30 --microbatches 1,2 --steps "${STEPS:-4}" "$@"

@@ -140,8 +140,8 @@ def tp_groups_within_nodes(mesh, node_rank: int, device) -> str:
         on = sorted({int(nodes[r]) for r in row})
         if len(on) > 1:
             return (f"tp group of ranks {row} spans nodes {on}: --tp {len(row)} is more than "
-                    "the tasks per node, or the ranks are not numbered node by node; pass "
-                    "--tp <tasks per node> (srun numbers tasks node by node)")  # fmt: skip
+                    "the tasks per node (the ranks are numbered node by node); pass --tp <tasks "
+                    "per node> or a divisor of it")  # fmt: skip
     return ""
 
 
@@ -208,16 +208,36 @@ def shard_2d(model: TinyLM, mesh, sequence_parallel: bool) -> TinyLM:
     builds its 2D form with this too)."""
     tp_plan(model, mesh["tp"], sequence_parallel)
     if mesh["dp"].size() > 1:
-        # FSDP2 across the dp dimension only: its all-gathers and reduce-scatters run once per
-        # block and step, across nodes; the TP collectives, many per block, stay inside a node.
-        # (fully_shard(..., mesh=mesh), the whole 2-D mesh, would be HSDP instead: replicate
-        # over dim 0, shard over dim 1, which is where TP already lives.)
+        # FSDP2 across the dp dimension only: its all-gathers and reduce-scatters cross the
+        # nodes; the TP collectives, many per block, stay inside a node. (The whole 2-D mesh,
+        # fully_shard(..., mesh=mesh), fails on these TP-split blocks: show_whole_mesh_trap.)
         for block in model.layers.values():
             fully_shard(block, mesh=mesh["dp"])
         fully_shard(model, mesh=mesh["dp"])
         # FSDP2 warns that the root returns a view (the logits): nothing changes it in place.
         warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view")
     return model
+
+
+def show_whole_mesh_trap(args, mesh, device) -> None:
+    """fully_shard(block, mesh=mesh) with the whole (dp, tp) mesh, on throwaway models. On a
+    TP-split block FSDP2 joins its mesh to the parameters' tp mesh, and the two overlap: it
+    raises. On a block with no TP the 2-D mesh means HSDP: whole copies across dim 0 (dp), shards
+    across dim 1 (tp)."""
+    torch.manual_seed(0)
+    split = TinyLM(args.dim, args.heads, args.hidden, 1, args.seq_len).to(device)
+    tp_plan(split, mesh["tp"], args.sequence_parallel)
+    try:
+        fully_shard(split.layers["0"], mesh=mesh)
+        outcome = "no error"
+    except RuntimeError as exc:  # the error this shows: anything else is a failure
+        outcome = f"RuntimeError: {str(exc).splitlines()[0]}"
+    print0(f"fully_shard(block, mesh=<(dp, tp) mesh>) on a TP-split block: {outcome}")
+    whole = TinyLM(args.dim, args.heads, args.hidden, 1, args.seq_len).to(device)
+    fully_shard(whole.layers["0"], mesh=mesh)
+    wq = whole.layers["0"].attention.wq.weight
+    print0(f"fully_shard(block, mesh=<(dp, tp) mesh>) on a block with no TP: HSDP, wq.weight "
+           f"{wq.placements}, rank 0 holds {tuple(wq.to_local().shape)} of {tuple(wq.shape)}")
 
 
 def train(args, env, device) -> int:
@@ -233,6 +253,8 @@ def train(args, env, device) -> int:
     print0(f"mesh (dp, tp) = ({dp}, {args.tp}) over {world} ranks on {env.num_nodes} node(s): "
            f"tp groups {mesh.mesh.tolist()}, each within one node")  # fmt: skip
 
+    if dp > 1:
+        show_whole_mesh_trap(args, mesh, device)
     torch.manual_seed(0)  # the same initial weights on every rank, before they are split
     model = TinyLM(args.dim, args.heads, args.hidden, args.layers, args.seq_len).to(device)
     shard_2d(model, mesh, args.sequence_parallel)

@@ -8,7 +8,8 @@
 #   sbatch lessons/09_beyond_data_parallel/tp.sh --dim 256      # more arguments: tp.py
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
-# (`#SBATCH --gpus-per-task=1`): tp.py then picks cuda:<local rank> and NCCL.
+# (`#SBATCH --gpus-per-task=1`): tp.py then takes the GPU Slurm gave the task (cuda:0, the one
+# it sees: cuda_device_index in common/env.py) and NCCL.
 #SBATCH --job-name=tp
 #SBATCH --output=%x-%j.out
 #SBATCH --nodes=1                  # TP exchanges activations in every block: one node

@@ -36,9 +36,18 @@ EOF
     u=${u%%;*}
     echo "$(t) submitted urgent $u"
     last=
-    for _ in $(seq 120); do   # a minute: long enough for a requeue to show (Restarts=1)
+    final=0
+    # Up to a minute: long enough for a requeue to show (Restarts=1). Slurm requeues a job when
+    # it ends, before it would show COMPLETED; once COMPLETED (or another final state) has held
+    # for 5 s, nothing will requeue it.
+    for _ in $(seq 120); do
         s=$(scontrol show job -o "$v" 2>/dev/null | grep -oE '(JobState|Restarts|ExitCode)=\S+' | tr '\n' ' ')
         [[ -n $s && $s != "$last" ]] && echo "$(t) victim: $s" && last=$s
+        if [[ $s =~ JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|PREEMPTED) ]]; then
+            ((++final >= 10)) && break
+        else
+            final=0
+        fi
         sleep 0.5
     done
     echo "== victim-$v.out"; cat "$out/victim-$v.out"

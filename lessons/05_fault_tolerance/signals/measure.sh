@@ -16,7 +16,10 @@ A=$(sub -w node1 --output=$out/cancel-%j.out)
 B=$(sub -w node1 --time=1 --output=$out/timelimit-%j.out)
 C=$(sub -w node1 --time=1 --signal=B:USR1@30 --output=$out/warnB-%j.out)
 D=$(sub -w node1 --time=1 --signal=USR1@30 --output=$out/warn-%j.out)
-E=$(sub -w node2 --output=$out/preempt-%j.out)
+# E is requeued when preempted (signal_probe.sh has --requeue) and may run again before the
+# end (cred_expire 10 s here): its second run appends to the first's output instead of
+# truncating it.
+E=$(sub -w node2 --open-mode=append --output=$out/preempt-%j.out)
 echo "A=$A B=$B C=$C D=$D E=$E"
 sleep 5
 squeue
