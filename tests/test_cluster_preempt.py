@@ -34,10 +34,6 @@ echo "batch script: not reached"
 """
 
 
-
-
-
-
 def test_partitions_local_default_and_urgent(cluster):
     text = slurm("scontrol", "show", "partition", "-o")
     parts = {m["PartitionName"]: m for m in (dict(re.findall(r"(\w+)=(\S*)", line))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import job_environ, job_record, slurm, submit_job, wait_for, wait_job
+from conftest import job_environ, job_record, slurm, slurm_version, submit_job, wait_for, wait_job
 from helpers import run_ranks
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
@@ -228,15 +228,15 @@ def test_sample_outputs_in_the_lesson_folder():
 # --------------------------------------------------------------------------- local cluster
 
 
-
-
-
-
 @pytest.mark.long  # about 60 s: a job, its requeue and its resume (make test-long, test-slurm)
 @pytest.mark.timeout(300)
 def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, tmp_path):
     """The README's §5 as written, on the first 6,400 images of each set (SUBSET: 50 steps an
     epoch, a progress line at the last)."""
+    if slurm_version() == (22, 5):
+        pytest.skip("the same stop and requeue rules (common/job_env.sh) as lesson 05's "
+                    "requeue.sh, whose warning, preemption and cancel run here on 22.05 (make "
+                    "test-long); lesson 07's job runs on 26.05 (make test-slurm)")
     out = tmp_path / "job.out"
 
     def log():
@@ -274,8 +274,6 @@ def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, t
     assert f"epochs 2, checkpoints in {ROOT}/checkpoints/fsdp-{job}" in text, text
     check_resume(text, same_test_set=False)  # export.py scores all 10,000 test images
     assert [r["epoch"] for r in parse_log(text)] == [1, 2], text
-
-
 
 
 @pytest.mark.long  # the lesson's model: 37 s alone, 68 s among make test's runs (make test-long)
