@@ -19,12 +19,12 @@ from common.env import (
     LaunchEnv,
     LaunchError,
     _opt_int_var,
+    check_master_addr,
     cuda_device_index,
     expand_hostlist,
     gpus_on_node,
     resolve_launch_env,
 )
-from common.preflight import check_master_addr
 
 
 def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:

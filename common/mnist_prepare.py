@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import os
 import pickle
 import socket
@@ -28,112 +27,17 @@ import sys
 import tempfile
 from pathlib import Path
 
-from common.mnist import PREPARE_CMD, MnistDataError, default_data_dir, raw_dir
-
-# MD5 of the uncompressed original files (http://yann.lecun.com/exdb/mnist/).
-MD5 = {
-    "train-images-idx3-ubyte": "6bbc9ace898e44ae57da46a324031adb",
-    "train-labels-idx1-ubyte": "a25bea736e30d166cdddb491f175f624",
-    "t10k-images-idx3-ubyte": "2646ac647ad5339dbf082846283269ea",
-    "t10k-labels-idx1-ubyte": "27ae3e4e09519cfbb04c329615203637",
-}
-
-# --------------------------------------------------------------------------- the checks
-# common/mnist.py runs check_file on every file it reads, where this file lies beside it.
-
-
-def md5sum(path: Path) -> str:
-    digest = hashlib.md5()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _prepare_hint(raw: Path) -> str:
-    """The command that prepares the files of the raw folder ``raw``."""
-    root = raw.parent.parent if raw.name == "raw" and raw.parent.name == "MNIST" else raw
-    return f"{PREPARE_CMD} --data-dir {root}"
-
-
-def _owner_and_mode(path: Path) -> str:
-    import grp
-    import pwd
-    import stat
-
-    def name(lookup, number: int) -> str:
-        try:
-            return lookup(number)[0]
-        except KeyError:
-            return str(number)
-
-    st = path.stat()
-    user, group = name(pwd.getpwuid, st.st_uid), name(grp.getgrgid, st.st_gid)
-    return f"{stat.filemode(st.st_mode)} {user}:{group}"
-
-
-def access_problem(path: Path | str) -> str | None:
-    """Why this user cannot read ``path``: a folder on the way it may not enter (no x), or a
-    file it may not read (no r); None when readable or simply missing.  (A file in a folder one
-    cannot enter looks missing to ``Path.is_file``: stat fails with EACCES.)"""
-    import pwd
-
-    path = Path(os.path.abspath(path))
-    try:
-        me = pwd.getpwuid(os.geteuid()).pw_name
-    except KeyError:
-        me = f"uid {os.geteuid()}"
-    for folder in reversed(path.parents):  # "/" first
-        if not os.path.isdir(folder):
-            return None  # missing, not unreadable
-        if not os.access(folder, os.X_OK):
-            return (
-                f"the folder {folder} ({_owner_and_mode(folder)}) may not be entered by {me}: "
-                f"it needs x for you (chmod o+x {folder}, or a group you are in)"
-            )
-    if path.exists() and not os.access(path, os.R_OK):
-        return (
-            f"the file ({_owner_and_mode(path)}) may not be read by {me} "
-            f"(chmod o+r {path}, or a group you are in)"
-        )
-    return None
-
-
-def _unreadable(path: Path, problem: str) -> MnistDataError:
-    return MnistDataError(
-        f"MNIST file {path} cannot be read: {problem}. Ask its owner to open it to you, or "
-        f"prepare a copy of your own: {PREPARE_CMD} --data-dir <your folder>, then export "
-        f"MNIST_DIR=<your folder>"
-    )
-
-
-def check_split(raw: Path, train: bool) -> None:
-    """check_file on both files of the training (or the test) split in the raw folder ``raw``."""
-    for name in MD5:
-        if name.startswith("train" if train else "t10k"):
-            check_file(raw / name)
-
-
-def check_file(path: Path) -> None:
-    """Raise MnistDataError naming ``path`` and the fix if it is missing, unreadable or its MD5
-    is wrong."""
-    path = Path(path)
-    problem = access_problem(path)
-    if problem:
-        raise _unreadable(path, problem)
-    if not path.is_file():
-        raise MnistDataError(
-            f"MNIST file {path} does not exist. Prepare the data once (on a machine that has "
-            f"the course venv) with: {_prepare_hint(path.parent)}"
-        )
-    got = md5sum(path)
-    want = MD5[path.name]
-    if got != want:
-        raise MnistDataError(
-            f"MNIST file {path} is corrupted: MD5 {got}, expected {want}. "
-            f"Delete it and prepare it again: rm {path} && {_prepare_hint(path.parent)} "
-            f"(or: {_prepare_hint(path.parent)} --force)"
-        )
+from common.mnist import (
+    MD5,
+    PREPARE_CMD,
+    MnistDataError,
+    _prepare_hint,
+    _unreadable,
+    access_problem,
+    check_file,
+    default_data_dir,
+    raw_dir,
+)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -8,6 +8,8 @@ cannot import python-hostlist.
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +22,14 @@ sys.path.insert(0, str(ROOT))
 
 from common.env import (  # noqa: E402
     LaunchError,
+    check_cuda_usable,
+    cuda_device_index,
     expand_hostlist,
     parse_tasks_per_node,
     resolve_launch_env,
 )
+from common.env import _expand_hostlist as _expand_builtin  # noqa: E402
 from common.env_cli import GPU_DRIVER_FILES, _cuda_device_count, export_values  # noqa: E402
-from common.slurm_hostlist import expand_hostlist as _expand_builtin  # noqa: E402
 from tests.test_env_resolution import BATCH_SCRIPT, slurm_step, torchrun_worker  # noqa: E402
 
 # A documentation address (RFC 5737): resolves without DNS, is never contacted here.
@@ -166,26 +170,98 @@ def test_common_env_runs_where_python_hostlist_is_not_installed(tmp_path):
     assert info["master_addr"] == REMOTE
 
 
-def test_env_py_alone_without_python_hostlist_names_the_package(monkeypatch):
-    """A project that took env.py without common/slurm_hostlist.py needs python-hostlist."""
-    import common.env
+def carried_alone(tmp_path, code: str, *args: str) -> list:
+    """Run ``code`` where common/ holds env.py alone and python-hostlist cannot be imported (a
+    project that took env.py home); its printed JSON list."""
+    project = tmp_path / "project"
+    (project / "common").mkdir(parents=True)
+    (project / "common" / "__init__.py").write_text("")
+    shutil.copy(ROOT / "common" / "env.py", project / "common")
+    (tmp_path / "hostlist.py").write_text(
+        'raise ModuleNotFoundError("no hostlist here", name="hostlist")\n')
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    environ["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{project}"
+    proc = subprocess.run([sys.executable, "-c", code, *args], env=environ, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
 
-    monkeypatch.setattr(common.env, "hostlist", None)
-    monkeypatch.setattr(common.env, "_beside", lambda name: None)  # as if not there
-    with pytest.raises(LaunchError, match="SLURM_STEP_NODELIST needs python-hostlist: pip install"):
-        resolve(slurm_step(0, 0, 0, 2, "n[1-2]", "1(x2)"))
+
+def _answer(call, *args, **kwargs):
+    """What a call of common.env answers: its result, else its LaunchError's message."""
+    try:
+        result = call(*args, **kwargs)
+    except LaunchError as exc:
+        return f"LaunchError: {exc}"
+    return result.as_dict() if hasattr(result, "as_dict") else result
 
 
-def test_env_py_alone_answers_without_preflight(monkeypatch):
-    """Taken home without common/preflight.py: the same answers, without the machine checks."""
-    from common import env as cenv
+# The same, in the process that runs the carried env.py.
+ANSWER = """
+import json, sys
+import common.env as cenv
+from common.env import LaunchError
+def _answer(call, *args, **kwargs):
+    try:
+        result = call(*args, **kwargs)
+    except LaunchError as exc:
+        return f"LaunchError: {exc}"
+    return result.as_dict() if hasattr(result, "as_dict") else result
+"""
 
-    monkeypatch.setattr(cenv, "_beside", lambda name: None)  # as if not there
-    step = slurm_step(3, 1, 1, 4, "localhost,n2", "2(x2)")
-    env = cenv.resolve_launch_env(step, argv=["train.py"], check=True)
-    assert (env.rank, env.world_size, env.master_addr) == (3, 4, "localhost")  # no loopback check
-    assert cenv.cuda_device_index(env, 1, {"SLURM_GPUS_ON_NODE": "1"}) == 0  # NCCL says the rest
-    cenv.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"})  # no diagnosis: goes on
+# Host lists that python-hostlist and env.py's own reading must read alike, a bad one included.
+HOST_STEPS = [slurm_step(3, 1, 1, 4, "gpu[01-02]", "2(x2)"),
+              slurm_step(0, 0, 0, 3, "rack[1-2]-gpu[08],cpu5", "1(x3)"),
+              slurm_step(0, 0, 0, 2, "node[3-1]", "1(x2)")]  # fmt: skip
+
+
+def test_env_py_alone_without_python_hostlist_reads_the_host_list(tmp_path):
+    """A project that took env.py alone into an image without python-hostlist: every step's
+    answer is the course's, where python-hostlist reads the list (a bad list: the same line)."""
+    code = ANSWER + """
+steps = json.loads(sys.argv[1])
+assert cenv.hostlist is None
+print(json.dumps([_answer(cenv.resolve_launch_env, s, argv=["train.py"], check=False)
+                  for s in steps]))
+"""
+    got = carried_alone(tmp_path, code, json.dumps(HOST_STEPS))
+    want = [_answer(resolve, step) for step in HOST_STEPS]
+    for answers in (got, want):
+        for answer in answers[:2]:
+            answer.pop("hostname"), answer.pop("master_port")
+        # The reason in brackets is the reader's own ("start > stop", "bad range '3-1'").
+        answers[2] = re.sub(r"host list \(.*\); expected", "host list (...); expected", answers[2])
+    assert got == want
+    assert want[0]["master_addr"] == "gpu01", want
+    assert want[2] == ("LaunchError: SLURM_STEP_NODELIST='node[3-1]' is not a valid host list "
+                       "(...); expected e.g. 'node[1-2],gpu05'"), want[2]
+
+
+def test_env_py_alone_checks_the_machine_as_the_course_does(tmp_path):
+    """Taken home alone (env.py without the rest of common/): the same checks of this machine,
+    in the same words: a loopback master address across nodes, two ranks on one GPU, SLURM's
+    GPUs that torch cannot see."""
+    (tmp_path / "nvidia0").touch()
+    glob = str(tmp_path / "nvidia[0-9]*")
+    loopback = slurm_step(3, 1, 1, 4, "localhost,n2", "2(x2)")
+    code = ANSWER + """
+step, glob = json.loads(sys.argv[1]), sys.argv[2]
+env = cenv.resolve_launch_env(step, argv=["train.py"], check=False)
+print(json.dumps([
+    _answer(cenv.resolve_launch_env, step, argv=["train.py"], check=True),
+    _answer(cenv.cuda_device_index, env, 1, {"SLURM_GPUS_ON_NODE": "1"}),
+    _answer(cenv.check_cuda_usable, {"SLURM_GPUS_ON_NODE": "2"}, glob),
+]))
+"""
+    got = carried_alone(tmp_path, code, json.dumps(loopback), glob)
+    env = resolve(loopback)
+    want = [_answer(resolve_launch_env, loopback, argv=["train.py"], check=True),
+            _answer(cuda_device_index, env, 1, {"SLURM_GPUS_ON_NODE": "1"}),
+            _answer(check_cuda_usable, {"SLURM_GPUS_ON_NODE": "2"}, glob)]  # fmt: skip
+    assert got == want
+    assert "is a loopback address" in want[0], want[0]
+    assert "two ranks would share a GPU" in want[1], want[1]
+    assert want[2].startswith("LaunchError: SLURM gave this node 2 GPU(s)"), want[2]
 
 
 @pytest.mark.skipif(any(map(os.path.exists, GPU_DRIVER_FILES)), reason="a GPU driver is here")

@@ -20,9 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.env import LaunchError, resolve_launch_env  # noqa: E402
+from common.env import LaunchError, check_rank0_here, resolve_launch_env  # noqa: E402
 from common.env_cli import export_values  # noqa: E402
-from common.preflight import check_rank0_here  # noqa: E402
 
 HOSTS = ["node1", "node2"]
 

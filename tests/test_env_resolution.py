@@ -393,7 +393,7 @@ def test_torch_launcher_detection(environ, argv, ancestors, expected):
     (["-m", "torch.distributed.run"], "torchrun"),
 ])  # fmt: skip
 def test_launcher_named_from_the_real_agent(launcher, expected):
-    """The agent's command line read from /proc (common/preflight.py's agent_launcher): with
+    """The agent's command line read from /proc (common/env.py's agent_launcher): with
     --use-env, torch.distributed.launch sets exactly what torchrun sets."""
     from common.env import find_free_port
 

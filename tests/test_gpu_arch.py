@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import preflight  # noqa: E402
+from common import env as cenv  # noqa: E402
 from common.env import LaunchError  # noqa: E402
 from tests.test_gpu_sharing_refusal import DRIVER, SCRIPTS  # noqa: E402
 
@@ -57,7 +57,7 @@ CU126 = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
     ("gfx90a", 90, (13, 0), False),   # not a CUDA architecture
 ])  # fmt: skip
 def test_arch_runs_on(arch, capability, cuda, runs):
-    assert preflight.arch_runs_on(arch, capability, cuda) is runs
+    assert cenv.arch_runs_on(arch, capability, cuda) is runs
 
 
 CAPABILITIES = sorted({*range(50, 54), *range(60, 63), *range(70, 76), *range(80, 90),
@@ -74,7 +74,7 @@ def test_the_cubin_rule_is_torchs(table):
         pytest.skip(f"torch {torch.__version__} has no torch.cuda.{table}")
     cuda = (13, 2) if "POST" in table else (13, 0)
     differ = [(code, cc) for code in requirement for cc in CAPABILITIES
-              if preflight.arch_runs_on(f"sm_{code}", cc, cuda) != (cc in requirement[code])]
+              if cenv.arch_runs_on(f"sm_{code}", cc, cuda) != (cc in requirement[code])]
     assert differ == [], f"(code, capability) where the course and torch disagree: {differ}"
 
 
@@ -82,9 +82,9 @@ def test_the_builds_are_torchs():
     """The builds the message names carry what torch 2.14's own table says they carry, and this
     machine's wheel is the cu130 row (torch.cuda.get_arch_list())."""
     releases = getattr(torch.cuda, "PYTORCH_RELEASES_CODE_CC", None)
-    if releases is None or not torch.__version__.startswith(preflight.TORCH_CUDA_BUILDS_RELEASE):
+    if releases is None or not torch.__version__.startswith(cenv.TORCH_CUDA_BUILDS_RELEASE):
         pytest.skip(f"torch {torch.__version__} has no 2.14 table to compare with")
-    for machine, builds in preflight.TORCH_CUDA_BUILDS.items():
+    for machine, builds in cenv.TORCH_CUDA_BUILDS.items():
         for tag, _, codes in builds:
             assert set(codes) == releases[f"{tag[2:4]}.{tag[4:]}"][machine], (machine, tag)
     if torch.version.cuda == "13.0" and platform.machine() == "x86_64":
@@ -92,7 +92,7 @@ def test_the_builds_are_torchs():
 
 
 def error(name, capability, arch_list, version="2.14.1+cu130", cuda="13.0", **kw):
-    return preflight.cuda_arch_error(name, capability, arch_list, torch_version=version,
+    return cenv.cuda_arch_error(name, capability, arch_list, torch_version=version,
                                      cuda=cuda, torchvision="0.29.1+cu130", **kw)  # fmt: skip
 
 
@@ -164,7 +164,7 @@ def test_check_stops_a_v100_and_holds_torchs_warning(monkeypatch):
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
         with pytest.raises(LaunchError, match=r"^GPU 0 \(Tesla V100-SXM2-32GB\) has compute "):
-            preflight.check_cuda_arch(0)
+            cenv.check_cuda_arch(0)
     assert [str(w.message) for w in shown] == []  # the one line says it all
 
 
@@ -172,8 +172,8 @@ def test_check_passes_an_h100_and_shows_torchs_warning(monkeypatch):
     fake_gpu(monkeypatch, (9, 0), "NVIDIA H100 80GB HBM3")
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("always")
-        preflight.check_cuda_arch(0)
-        preflight.check_cuda_arch(3)  # not a GPU of this process: cuda_device_index's refusals
+        cenv.check_cuda_arch(0)
+        cenv.check_cuda_arch(3)  # not a GPU of this process: cuda_device_index's refusals
     assert [str(w.message) for w in shown] == ["torch's own capability warning"]
 
 

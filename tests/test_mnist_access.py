@@ -45,7 +45,7 @@ def _places(base):
     yield {"file": private, "folder": base / "closed" / NAME, "missing": base / "none" / NAME}
 
 
-CHECK = ("import sys; sys.path.insert(0, sys.argv[2]); from common.mnist_prepare import "
+CHECK = ("import sys; sys.path.insert(0, sys.argv[2]); from common.mnist import "
          "MnistDataError, check_file\ntry:\n    check_file(sys.argv[1])\n"
          "except MnistDataError as e:\n    print(e)")  # fmt: skip
 SAID = {

@@ -20,8 +20,8 @@ def data_dir() -> Path:
 
 
 def test_prepared_files_match_published_md5(data_dir):
-    for name, want in mnist_prepare.MD5.items():
-        assert mnist_prepare.md5sum(mnist.raw_dir(data_dir) / name) == want, name
+    for name, want in mnist.MD5.items():
+        assert mnist.md5sum(mnist.raw_dir(data_dir) / name) == want, name
 
 
 def test_loader_shapes_and_labels(data_dir):
@@ -62,7 +62,7 @@ def test_corrupted_copy_cli_error_then_force_repairs(data_dir, tmp_path):
     fixed = subprocess.run(cmd + ["--force"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert fixed.returncode == 0, fixed.stderr
     fixed_file = mnist.raw_dir(copy) / "t10k-labels-idx1-ubyte"
-    assert mnist_prepare.md5sum(fixed_file) == mnist_prepare.MD5["t10k-labels-idx1-ubyte"]
+    assert mnist.md5sum(fixed_file) == mnist.MD5["t10k-labels-idx1-ubyte"]
 
 
 def test_truncated_file_is_reported(data_dir, tmp_path):
@@ -86,8 +86,8 @@ def test_rebuild_from_package_into_empty_folder(tmp_path):
     target = tmp_path / "fresh"
     env_dir = mnist_prepare.prepare(target, download=False, log=lambda *_: None)
     assert env_dir == target
-    for name, want in mnist_prepare.MD5.items():
-        assert mnist_prepare.md5sum(mnist.raw_dir(target) / name) == want
+    for name, want in mnist.MD5.items():
+        assert mnist.md5sum(mnist.raw_dir(target) / name) == want
 
 
 def test_mnist_dir_env_var(tmp_path, monkeypatch):
@@ -98,26 +98,39 @@ def test_mnist_dir_env_var(tmp_path, monkeypatch):
 CARRIED = (
     "import sys; sys.path.insert(0, sys.argv[1])\n"
     "from common.mnist import MnistDataError, load_mnist\n"
-    "try:\n    x, y = load_mnist(train=False, data_dir=sys.argv[2])\n    print('loaded', len(x))\n"
-    "except MnistDataError as e:\n    print('error:', e)\n"
+    "try:\n    x, y = load_mnist(train=False, data_dir=sys.argv[2], verify=sys.argv[3] == 'y')\n"
+    "    print('loaded', len(x))\nexcept MnistDataError as e:\n    print('error:', e)\n"
 )
 
 
-@pytest.mark.parametrize("present", [True, False], ids=["data", "no data"])
-def test_mnist_py_carried_alone_reads_or_says_why(tmp_path, data_dir, present):
-    """A project that took common/mnist.py without mnist_prepare.py: torchvision reads the files
-    unchecked, and a missing file is one line, not torchvision's traceback."""
+@pytest.mark.parametrize("case", ["data", "no data", "damaged", "no data, unchecked"])
+def test_mnist_py_carried_alone_checks_as_the_course_does(tmp_path, data_dir, case):
+    """A project that took common/mnist.py alone: it checks the files as the course does (their
+    MD5: a damaged file is named), reads them, and a missing file is the course's one line, not
+    torchvision's traceback (also unchecked, ``verify=False``: torchvision's error in one line)."""
     carried = tmp_path / "project" / "common"
     carried.mkdir(parents=True)
     (carried / "__init__.py").write_text("")
     shutil.copy(ROOT / "common" / "mnist.py", carried)
-    root = data_dir if present else tmp_path / "empty"
-    proc = subprocess.run([sys.executable, "-c", CARRIED, str(carried.parent), str(root)],
+    root = data_dir if case == "data" else tmp_path / "data"
+    if case == "damaged":
+        shutil.copytree(mnist.raw_dir(data_dir), mnist.raw_dir(root))
+        with open(mnist.raw_dir(root) / "t10k-labels-idx1-ubyte", "r+b") as f:
+            f.seek(100)
+            f.write(b"\xff")
+    verify = "n" if case.endswith("unchecked") else "y"
+    proc = subprocess.run([sys.executable, "-c", CARRIED, str(carried.parent), str(root), verify],
                           capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin"})
     assert proc.returncode == 0, proc.stderr
-    if present:
-        assert proc.stdout.strip() == "loaded 10000", proc.stdout
-    else:
-        lines = proc.stdout.strip().splitlines()
-        assert len(lines) == 1 and lines[0].startswith("error: MNIST is not in "), proc.stdout
-        assert "python -m common.mnist_prepare" in lines[0]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stdout
+    if case == "data":
+        assert lines[0] == "loaded 10000", proc.stdout
+        return
+    with pytest.raises(mnist.MnistDataError) as course:  # the course's own answer
+        mnist.load_mnist(train=False, data_dir=root, verify=verify == "y")
+    assert lines[0] == f"error: {course.value}", (lines[0], str(course.value))
+    assert "python -m common.mnist_prepare" in lines[0]
+    said = {"no data": "does not exist", "damaged": "t10k-labels-idx1-ubyte is corrupted: MD5",
+            "no data, unchecked": "MNIST is not in "}[case]  # fmt: skip
+    assert said in lines[0], lines[0]

@@ -1,4 +1,4 @@
-"""The preflight's all_reduce check (common/preflight.py) adds numbers that stay exact.
+"""The preflight's all_reduce check (common/preflight/allreduce.py) adds numbers that stay exact.
 
 It used to sum a float32 1 over the ranks and multiply it by the world size at each of its six
 all_reduces: 34**6 is no float32, so every rank of a sound 34-rank job reported "all_reduce
@@ -150,10 +150,11 @@ print(repr(preflight.tiny_allreduce(resolve_launch_env(check=False), 30.0, itera
 # One rank's value arrives altered (as from a faulty node): the sum is wrong, the network fine.
 ALTERED = """
 import sys
-from common import preflight
-if preflight.resolve_launch_env(check=False).rank == 1:
-    preflight.allreduce_value = lambda rank: rank + 2
-sys.exit(preflight.main(["--timeout", "30"]))
+from common.env import resolve_launch_env
+from common.preflight import allreduce, cli
+if resolve_launch_env(check=False).rank == 1:
+    allreduce.allreduce_value = lambda rank: rank + 2  # where tiny_allreduce looks it up
+sys.exit(cli.main(["--timeout", "30"]))
 """
 
 

@@ -717,7 +717,7 @@ def test_collection_finds_every_readme_command():
         "README.md": 10, "cluster/README.md": 9, "lessons/00_slurm_basics/README.md": 10,
         "lessons/01_hello_allreduce/README.md": 9, "lessons/02_launch_vs_srun/README.md": 2,
         "lessons/03_ddp_mnist/README.md": 11, "lessons/04_torchrun_enroot/README.md": 18,
-        "lessons/05_fault_tolerance/README.md": 11, "lessons/06_diagnosing_hangs/README.md": 2,
+        "lessons/05_fault_tolerance/README.md": 11, "lessons/06_diagnosing_hangs/README.md": 6,
         "lessons/07_fsdp_sharding/README.md": 5, "lessons/08_data_pipeline/README.md": 7,
         "lessons/09_beyond_data_parallel/README.md": 7,
     }, counts

@@ -2,10 +2,10 @@
 
 At 4 ranks host lists have two entries and every sum is small. Here the lessons meet what real
 jobs are: a node list such as node[1-17], a rendezvous of 64 processes, and 34 ranks, the
-smallest world size whose sums a float32 check gets wrong (34 = 2 x 17; see common/preflight.py).
-On 17 nodes x 2 tasks (34 ranks): the preflight (srun, as lesson 06 runs it), lesson 01's job
-script and lesson 03's job script (a 1,024-image epoch). On 32 nodes x 2 tasks (64 ranks): the
-preflight. Each is checked by what it prints.
+smallest world size whose sums a float32 check gets wrong (34 = 2 x 17; see
+common/preflight/allreduce.py). On 17 nodes x 2 tasks (34 ranks): the preflight (srun, as lesson
+06 runs it), lesson 01's job script and lesson 03's job script (a 1,024-image epoch). On 32 nodes
+x 2 tasks (64 ranks): the preflight. Each is checked by what it prints.
 
 Why not lessons 01 and 03 at 64 ranks: on the 2 cores and 24 GB of a CI machine they do not
 fit. Lesson 03's 64 ranks each hold torch, the model and MNIST, and lesson 01's job starts 96

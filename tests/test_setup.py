@@ -6,12 +6,16 @@ The process tests start real gloo groups (plain processes on this machine), set 
 lesson 03's train.py does.
 """
 
+import ast
 import datetime
+import io
 import os
+import re
 import subprocess
 import sys
 import textwrap
 import time
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -24,7 +28,8 @@ from common import env as cenv  # noqa: E402
 from common.env import LaunchEnv, LaunchError  # noqa: E402
 from tests.helpers import clean_environ  # noqa: E402
 
-# The lessons' set-up, as lesson 03's train.py writes it (a test below checks that it does).
+# The lessons' set-up, as lesson 03's train.py writes it, at a script's top level (a test below
+# compares it with lesson 03's, line by line).
 SETUP = """
     import sys, torch, torch.distributed as dist
     from common.env import (LaunchError, check_cuda_usable, cpu_threads, cuda_device_index,
@@ -54,12 +59,191 @@ SETUP = """
 """
 
 
-def test_lesson_03_sets_up_as_these_tests_do():
-    """The set-up lines tested here are the ones lesson 03 teaches, not a copy that drifted."""
-    text = (ROOT / "lessons" / "03_ddp_mnist" / "train.py").read_text()
-    for line in textwrap.dedent(SETUP).splitlines()[5:-5]:
-        if line.strip() and not line.strip().startswith("env = None"):
-            assert line.strip() in text, line
+# --------------------------------------------------------------------------- the copies agree
+# Every lesson script that asks common.env who it is and joins a group repeats lesson 03's
+# set-up on purpose (each file stands alone).  The copies are compared line by line as code:
+# comments aside, and the one line a rank prints may start with the script's own name instead
+# of "error".  Lesson 03's block, in the pieces the variants below are made of:
+WHO = ["env = None", "try:", "env = resolve_launch_env()"]
+THREADS = ["torch.set_num_threads(cpu_threads(env))"]
+DEVICE = [
+    "if torch.cuda.is_available():",
+    'device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))',
+    "torch.cuda.set_device(device)",
+    "else:",
+    "check_cuda_usable()",
+    'device = torch.device("cpu")',
+]
+GROUP = [
+    "dist.init_process_group(",
+    'backend="nccl" if device.type == "cuda" else "gloo",',
+    'init_method=f"tcp://{env.master_addr}:{env.master_port}",',
+    "rank=env.rank,",
+    "world_size=env.world_size,",
+    "timeout=dist_timeout(),",
+    'device_id=device if device.type == "cuda" else None,',
+    ")",
+]
+LAUNCH_ERROR = ["except LaunchError as exc:",
+                'print(f"error: {exc}", file=sys.stderr, flush=True)', "return 2"]  # fmt: skip
+GROUP_ERROR = ["except dist.DistError as exc:",
+               'print(f"error: {init_error_message(env, exc)}", file=sys.stderr, flush=True)',
+               "return 2"]  # fmt: skip
+REFERENCE = [*WHO, *THREADS, *DEVICE, *GROUP, *LAUNCH_ERROR, *GROUP_ERROR]
+ANY = "..."  # any lines: the script's own work between two parts of its set-up
+
+# Who am I first, alone; the script's own work; then the rest (as lesson 03 has it).
+WHO_FIRST = ["try:", "env = resolve_launch_env()", *LAUNCH_ERROR, ANY, "try:"]
+# An mp.spawn child: its index makes its rank, and a launch mistake ends the child.
+SPAWN = ["try:", "env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)", *THREADS,
+         *DEVICE, *LAUNCH_ERROR[:2], "raise SystemExit(2) from None", *GROUP]  # fmt: skip
+
+# The copies that differ, and why; every other script has REFERENCE.
+VARIANTS = {
+    "lessons/01_hello_allreduce/spawn_warmup.py": ("an mp.spawn child", SPAWN),
+    "lessons/01_hello_allreduce/hello_allreduce.py": (
+        "an mp.spawn child, or an srun task (no index)",
+        ["try:", "if index is None:", "env = resolve_launch_env()", "else:", *SPAWN[1:]]),
+    "lessons/02_launch_vs_srun/hello.py": (
+        "checks --local-rank against LOCAL_RANK before the group",
+        [*WHO_FIRST, *REFERENCE[3:]]),
+    "lessons/06_diagnosing_hangs/step.py": (
+        "its pid file and its crash come before the group", [*WHO_FIRST, *REFERENCE[3:]]),
+    "lessons/06_diagnosing_hangs/flight.py": (
+        "reads the flight recorder's settings first; its shard comes before the group",
+        [*WHO_FIRST[:1], "prefix = recorder_settings()", *WHO_FIRST[1:], *REFERENCE[3:]]),
+    "lessons/08_data_pipeline/train.py": (
+        "this rank's CPUs are shared between torch's threads and the DataLoader's workers",
+        [*WHO, "cpus = process_cpus(env)", *REFERENCE[4:]]),
+    "lessons/08_data_pipeline/augment_probe.py": (
+        "only small Python objects travel: gloo, no device",
+        [*WHO, GROUP[0], 'backend="gloo",', *GROUP[2:6], ")", *LAUNCH_ERROR, *GROUP_ERROR]),
+    "lessons/03_ddp_mnist/benchmark.py": (
+        "measures this machine's CPU: mp.spawn children on gloo",
+        ["env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)",
+         'dist.init_process_group("gloo", init_method=f"tcp://{env.master_addr}:{env.master_port}",',
+         "rank=env.rank, world_size=env.world_size, timeout=dist_timeout())"]),
+    **{f"lessons/09_beyond_data_parallel/{name}": (
+        "the shapes are checked before the device; one thread per rank",
+        [*WHO_FIRST, *DEVICE[:4], DEVICE[5], *LAUNCH_ERROR, "torch.set_num_threads(1)", ANY,
+         *GROUP]) for name in ("tp.py", "pp.py", "compare.py")},
+    "lessons/10_fit_and_keep/step.py": (
+        "checks its arguments before the group; rank 0 alone says a launch error",
+        [*REFERENCE[:10], ANY, *GROUP, LAUNCH_ERROR[0], "if env is None or env.rank == 0:",
+         *LAUNCH_ERROR[1:], *GROUP_ERROR]),
+    "lessons/10_fit_and_keep/reshard.py": (
+        "checks its arguments against the world size before the group",
+        [*REFERENCE[:10], ANY, *REFERENCE[10:]]),
+    # This file's SETUP, run as a script's top level: sys.exit says the line.
+    "tests/test_setup.py:SETUP": (
+        "a script's top level", [*REFERENCE[:-6], "except LaunchError as exc:",
+                                 'sys.exit(f"error: {exc}")', "except dist.DistError as exc:",
+                                 'sys.exit(f"error: {init_error_message(env, exc)}")']),
+}  # fmt: skip
+COMMON_ENV_NAMES = {"LaunchError", "resolve_launch_env", "cpu_threads", "process_cpus",
+                    "cuda_device_index", "check_cuda_usable", "dist_timeout", "init_error_message"}
+
+
+def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
+    return sorted((n for n in ast.walk(tree) if isinstance(n, ast.Call)
+                   and getattr(n.func, "attr", getattr(n.func, "id", None)) == name),
+                  key=lambda n: n.lineno)  # fmt: skip
+
+
+def _code_lines(text: str) -> dict[int, str]:
+    """Line number -> its code, comments and surrounding blanks removed (lines with code only)."""
+    cut = {}
+    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+        if tok.type == tokenize.COMMENT:
+            cut[tok.start[0]] = tok.start[1]
+    lines = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        code = line[: cut.get(number, len(line))].strip()
+        if code:
+            lines[number] = code
+    return lines
+
+
+def set_up_block(text: str, stem: str) -> list[tuple[int, str]]:
+    """The set-up of a script: from the ``try`` (and ``env = None``) around its first
+    resolve_launch_env() to its init_process_group() and the handlers of the ``try`` around
+    that; [(line number, code)]."""
+    tree = ast.parse(text)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+    def enclosing_try(node):
+        while node in parents and not isinstance(node, ast.Try):
+            node = parents[node]
+        return node if isinstance(node, ast.Try) else None
+
+    who = next(c for c in _calls(tree, "resolve_launch_env")
+               if not any(k.arg == "check" for k in c.keywords))  # fmt: skip
+    group = next(c for c in _calls(tree, "init_process_group") if c.lineno > who.lineno)
+    start, end = who.lineno, group.end_lineno
+    if (opening := enclosing_try(who)) is not None:
+        start = opening.lineno
+        body = getattr(parents[opening], "body", [])
+        before = body[body.index(opening) - 1] if opening in body and body.index(opening) else None
+        if before is not None and ast.unparse(before) == "env = None":
+            start = before.lineno
+    if (closing := enclosing_try(group)) is not None:
+        end = max(end, closing.end_lineno)
+    own_name = re.compile(rf'^(print|sys\.exit)\(f"(?:{re.escape(stem)}(?:\.py)?): ')
+    return [(n, own_name.sub(r'\1(f"error: ', code))
+            for n, code in _code_lines(text).items() if start <= n <= end]  # fmt: skip
+
+
+def first_difference(got: list[tuple[int, str]], want: list[str]) -> str:
+    """'' when ``got`` is ``want`` line by line (ANY: any lines up to the next wanted one)."""
+    i = 0
+    for k, line in enumerate(want):
+        if line == ANY:
+            while i < len(got) and got[i][1] != want[k + 1]:
+                i += 1
+            continue
+        if i == len(got):
+            return f"the set-up ends where lesson 03's has {line!r}"
+        if got[i][1] != line:
+            return f"line {got[i][0]}: {got[i][1]!r} where lesson 03's has {line!r}"
+        i += 1
+    return f"line {got[i][0]}: {got[i][1]!r} after the set-up's end" if i < len(got) else ""
+
+
+def set_up_copies():
+    """(name, text) of every lesson script that asks common.env who it is and joins a group,
+    lesson 03's train.py first, then this file's SETUP."""
+    found = []
+    for path in sorted((ROOT / "lessons").glob("*/*.py")):
+        text = path.read_text()
+        tree = ast.parse(text)
+        if _calls(tree, "resolve_launch_env") and _calls(tree, "init_process_group"):
+            found.append((str(path.relative_to(ROOT)), text))
+    found.sort(key=lambda item: item[0] != "lessons/03_ddp_mnist/train.py")
+    return [*found, ("tests/test_setup.py:SETUP", textwrap.dedent(SETUP))]
+
+
+@pytest.mark.parametrize("name,text", set_up_copies(), ids=[n for n, _ in set_up_copies()])
+def test_the_set_up_copies_agree_line_by_line(name, text):
+    """Each copy of the set-up is lesson 03's, line by line, or one of the VARIANTS (where the
+    script differs on purpose, and why); its names come from common.env, torch's imported."""
+    why, want = VARIANTS.get(name, ("lesson 03's own", REFERENCE))
+    stem = Path(name.split(":")[0]).stem
+    got = set_up_block(text, stem)
+    difference = first_difference(got, want)
+    assert not difference, f"{name}, {difference} (allowed here: {why}; tests/test_setup.py)"
+    tree = ast.parse(text)
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                and n.module == "common.env" for a in n.names}  # fmt: skip
+    used = {w for _, code in got for w in re.findall(r"\w+", code)} & COMMON_ENV_NAMES
+    assert used <= imported, f"{name}: not imported from common.env: {sorted(used - imported)}"
+    modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert {"torch", "torch.distributed"} <= modules, f"{name}: imports {sorted(modules)}"
+
+
+def test_every_variant_names_a_script_that_exists():
+    """A variant left behind by a renamed or rewritten script is no longer an exception."""
+    names = {name for name, _ in set_up_copies()}
+    assert set(VARIANTS) <= names, sorted(set(VARIANTS) - names)
 
 
 def run_ranks(code: str, world: int, timeout: float, **extra) -> list[subprocess.CompletedProcess]:

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = resolve_launch_env()
     except LaunchError as exc:
-        print(f"hello: {exc}", file=sys.stderr)
+        print(f"hello: {exc}", file=sys.stderr, flush=True)
         return 2
     if args.local_rank is not None and args.local_rank != env.local_rank:
         print(f"hello: --local-rank={args.local_rank} but LOCAL_RANK={env.local_rank}",
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
             device_id=device if device.type == "cuda" else None,
         )
     except LaunchError as exc:
-        print(f"hello: {exc}", file=sys.stderr)
+        print(f"hello: {exc}", file=sys.stderr, flush=True)
         return 2
     except dist.DistError as exc:  # the rendezvous did not complete: one line, no traceback
-        print(f"hello: {init_error_message(env, exc)}", file=sys.stderr)
+        print(f"hello: {init_error_message(env, exc)}", file=sys.stderr, flush=True)
         return 2
     # Make sure the world is really connected: everybody contributes 1, the sum is the size.
     count = torch.ones(1, device=device)

@@ -23,7 +23,7 @@ lesson=$COURSE_ROOT/lessons/02_launch_vs_srun
 
 echo "job $SLURM_JOB_ID on nodes $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE task(s), ${SLURM_GPUS_ON_NODE:-0} GPU(s) per node"
 
-# Without --master_port a single-node launch picks a free port itself (torch 2.13; older
+# Without --master_port a single-node launch picks a free port itself (torch 2.14.1; older
 # versions all wanted 127.0.0.1:29500). The one common/ derives from the job id is the same
 # in every lesson and shows in the log.
 exports=$(python -m common.env --export)

@@ -142,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
             device_id=device if device.type == "cuda" else None,
         )
     except LaunchError as exc:
-        print(f"allreduce_bench: {exc}", file=sys.stderr)
+        print(f"allreduce_bench: {exc}", file=sys.stderr, flush=True)
         return 2
     except dist.DistError as exc:
-        print(f"allreduce_bench: {init_error_message(env, exc)}", file=sys.stderr)
+        print(f"allreduce_bench: {init_error_message(env, exc)}", file=sys.stderr, flush=True)
         return 2
     n, is_main = env.world_size, env.rank == 0
     if is_main:

@@ -56,6 +56,7 @@ def draws(mode: str, rank: int) -> dict[int, list[tuple[int, int]]]:
 
 
 def main() -> int:
+    env = None
     try:
         env = resolve_launch_env()
         dist.init_process_group(

@@ -297,7 +297,6 @@ def train(args, env, device) -> int:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    env = None
     try:
         # Who am I: rank, world size, node (by node from SLURM_NODEID, SLURM_LOCALID under
         # srun; RANK, WORLD_SIZE under torchrun), checked by common/env.py.
