@@ -53,6 +53,7 @@ tempfile.tempdir = str(SHARED_TMP)
 
 CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
 LESSON09_NOTEBOOK = "lessons/09_beyond_data_parallel/"  # nbval items: marked lesson09 below
+LESSON10_NOTEBOOK = "lessons/10_fit_and_keep/"  # nbval items: marked lesson10 below
 
 # The cluster tests that `make test-slurm` runs again on the second Slurm version (cluster/up.sh
 # --slurm 24.11; CI runs it after `make test`), marked `every_slurm`: the cluster's own checks
@@ -166,6 +167,10 @@ def pytest_configure(config):
         "test-lesson09); `make test` leaves them out",
     )
     config.addinivalue_line(
+        "markers", "lesson10: lesson 10's tests and notebook, a lane of their own (make "
+        "test-lesson10); `make test` leaves them out",
+    )
+    config.addinivalue_line(
         "markers", "long: a cluster job of a minute or more that waits on Slurm's timers (grace "
         "time, requeues); a lane of its own (make test-long), left out of make test",
     )
@@ -201,6 +206,8 @@ def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.nodeid.startswith(LESSON09_NOTEBOOK):  # nbval's cells carry no marks of their own
             item.add_marker(pytest.mark.lesson09)
+        if item.nodeid.startswith(LESSON10_NOTEBOOK):  # the same for lesson 10's notebook
+            item.add_marker(pytest.mark.lesson10)
         needs = "cluster" in getattr(item, "fixturenames", ())
         if needs:
             item.add_marker(pytest.mark.cluster)

@@ -47,6 +47,7 @@ def test_every_lesson_is_there():
         "07_fsdp_sharding",
         "08_data_pipeline",
         "09_beyond_data_parallel",
+        "10_fit_and_keep",
     ]
 
 

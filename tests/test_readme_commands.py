@@ -108,6 +108,8 @@ QUICK = {
     "torchrun --standalone --nproc-per-node 2 lessons/04_torchrun_enroot/train.py": 0,
     # Writes the kernel where JUPYTER_DATA_DIR says: a temporary folder here (QUICK_TMP_ENV).
     IPYKERNEL: 0,
+    # About 10 s: three estimates, nothing allocated.
+    "python lessons/10_fit_and_keep/fit.py": 0,
 }
 
 # Commands that write outside the course: the variable that moves that place, set to a temporary
@@ -215,6 +217,11 @@ AS_WRITTEN_BY = {
     "sbatch lessons/09_beyond_data_parallel/2d.sh":
         "tests/test_lesson09.py::test_2d_job_and_a_tp_group_across_nodes",
     "sbatch lessons/09_beyond_data_parallel/compare.sh": "tests/test_lesson09.py::test_compare_job",
+    "python lessons/10_fit_and_keep/fit.py --model llama3-8b --world 8,16,64 --bf16 "
+    "--gpu-mem 80GiB": "tests/test_lesson10.py::test_fit_answers_for_llama3_8b",
+    "sbatch lessons/10_fit_and_keep/fit.sh": "tests/test_lesson10.py::test_fit_job",
+    "sbatch lessons/10_fit_and_keep/keep.sh": "tests/test_lesson10.py::test_keep_job",
+    "sbatch lessons/10_fit_and_keep/reshard.sh": "tests/test_lesson10.py::test_reshard_job",
 }
 # Tests run through a make target: the test -> the target (its recipe's sbatch is the job).
 MAKE_TARGETS = {"tests/test_demo.py::test_make_demo": "demo"}
@@ -288,6 +295,14 @@ NOT_RUN = {
     "torchrun --standalone --nproc-per-node 4 "
     "lessons/09_beyond_data_parallel/compare.py --steps 3 --forms fsdp2": (
         LONG_RUN, "one form of 4 processes", "tests/test_lesson09.py::test_compare_job"),
+    "python lessons/10_fit_and_keep/fit.py --model llama3-8b --world 8,16,64 --bf16 --ac "
+    "--gpu-mem 80GiB": (LONG_RUN, "about 100 s on 2 cores",
+                        "tests/test_lesson10.py::test_fit_answers_for_llama3_8b"),
+    "python lessons/10_fit_and_keep/keep.py --check checkpoints/keep-<jobid>": (
+        NEEDS_JOB, "a keep.sh job's checkpoint", "tests/test_lesson10.py::test_keep_job"),
+    "torchrun --standalone --nproc-per-node 2 lessons/10_fit_and_keep/step.py --model tiny --ac": (
+        LONG_RUN, "2 processes, about 15 s",
+        "tests/test_lesson10.py::test_activation_checkpointing_same_numbers_fewer_activations"),
 }
 
 
@@ -653,6 +668,8 @@ SHORTER = {
     "lessons/09_beyond_data_parallel/pp.sh": ("MICROBATCHES", "STEPS"),
     "lessons/09_beyond_data_parallel/2d.sh": ("STEPS",),
     "lessons/09_beyond_data_parallel/compare.sh": ("STEPS",),
+    "lessons/10_fit_and_keep/fit.sh": ("MODEL", "AC"),
+    "lessons/10_fit_and_keep/keep.sh": ("MODEL",),
 }
 
 
@@ -719,7 +736,7 @@ def test_collection_finds_every_readme_command():
         "lessons/03_ddp_mnist/README.md": 11, "lessons/04_torchrun_enroot/README.md": 18,
         "lessons/05_fault_tolerance/README.md": 11, "lessons/06_diagnosing_hangs/README.md": 6,
         "lessons/07_fsdp_sharding/README.md": 5, "lessons/08_data_pipeline/README.md": 7,
-        "lessons/09_beyond_data_parallel/README.md": 7,
+        "lessons/09_beyond_data_parallel/README.md": 7, "lessons/10_fit_and_keep/README.md": 8,
     }, counts
     assert Command("lessons/03_ddp_mnist/README.md", 44, "sbatch lessons/03_ddp_mnist/job.sh") \
         in commands
@@ -844,8 +861,9 @@ def test_readme_command(command):
 # --------------------------------------------------------------------------- the other tests
 
 # Which `make` lane runs a test, by its marks (tests/conftest.py); the rest run in make test.
-LANES = (("lesson09", "make test-lesson09"), ("scale", "make test-scale"),
-         ("sites", "make test-sites"), ("long", "make test-long"), ("readme", "make test-readme"))
+LANES = (("lesson09", "make test-lesson09"), ("lesson10", "make test-lesson10"),
+         ("scale", "make test-scale"), ("sites", "make test-sites"), ("long", "make test-long"),
+         ("readme", "make test-readme"))
 # Collects the files given (pytest --collect-only) and writes {test id: its marks} as JSON,
 # a parametrized test under its function's id.
 COLLECT = """
