@@ -24,7 +24,7 @@ help:
 	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
 	@echo "make test-lesson10 lesson 10's tests, notebook and jobs (a lane of their own, outside make test)"
 	@echo "make test-long     the longest cluster jobs (preemption, requeues), outside make test"
-	@echo "make test-scale    real job sizes: the preflight at 34 and 64 ranks, lessons 01 and 03 at 34"
+	@echo "make test-scale    real job sizes: the preflight at 64 ranks, lessons 01 and 03 at 34"
 	@echo "make test-readme   the READMEs' quick commands, run as written (outside make test)"
 	@echo "make test-sites    the tests of other sites' ways (--export=NONE, a shared /tmp, rank 0 elsewhere, GPU binding, pyxis, het jobs)"
 	@echo "make lint          ruff + shellcheck"
@@ -131,8 +131,8 @@ test-long: venv data container
 test-sites: venv data
 	$(VENV)/bin/pytest --durations=10 -m sites tests
 
-# Real job sizes (tests/test_scale.py): the cluster restarted with 32 nodes; the preflight,
-# at 34 and 64 ranks, lessons 01 and 03 at 34 (tests/test_scale.py says why not at 64).
+# Real job sizes (tests/test_scale.py): the cluster restarted with 32 nodes; the preflight
+# at 64 ranks, lessons 01 and 03 at 34 (tests/test_scale.py says why not at 64).
 test-scale: venv data
 	$(VENV)/bin/pytest --durations=10 -m scale tests
 

@@ -3,9 +3,11 @@
 At 4 ranks host lists have two entries and every sum is small. Here the lessons meet what real
 jobs are: a node list such as node[1-17], a rendezvous of 64 processes, and 34 ranks, the
 smallest world size whose sums a float32 check gets wrong (34 = 2 x 17; see
-common/preflight/allreduce.py). On 17 nodes x 2 tasks (34 ranks): the preflight (srun, as lesson
-06 runs it), lesson 01's job script and lesson 03's job script (a 1,024-image epoch). On 32 nodes
-x 2 tasks (64 ranks): the preflight. Each is checked by what it prints.
+common/preflight/allreduce.py). On 17 nodes x 2 tasks (34 ranks): lesson 01's job script and
+lesson 03's job script (a 1,024-image epoch). On 32 nodes x 2 tasks (64 ranks): the preflight
+(srun, as lesson 06 runs it). Each is checked by what it prints. The preflight's sums at 34
+ranks are checked on real gloo worlds of 34 and 64 ranks in make test
+(tests/test_preflight_sums.py); here it meets the largest job.
 
 Why not lessons 01 and 03 at 64 ranks: on the 2 cores and 24 GB of a CI machine they do not
 fit. Lesson 03's 64 ranks each hold torch, the model and MNIST, and lesson 01's job starts 96
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.scale
 
 SIZES = [(17, 34), (32, 64)]  # (nodes, ranks): 2 tasks per node
 ODD = SIZES[:1]  # 34 ranks: the size a float32 sum gets wrong
+LARGEST = SIZES[1:]  # 64 ranks
 JOB_TIMEOUT = 420
 
 
@@ -45,7 +48,7 @@ def cluster32(cluster):
 
 
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
-@pytest.mark.parametrize("nodes,ranks", SIZES, ids=[f"{r}-ranks" for _, r in SIZES])
+@pytest.mark.parametrize("nodes,ranks", LARGEST, ids=[f"{r}-ranks" for _, r in LARGEST])
 def test_preflight_at_scale(cluster32, nodes, ranks):
     env = job_environ()
     cmd = ["srun", f"--nodes={nodes}", "--ntasks-per-node=2", "--cpus-per-task=1",
