@@ -36,6 +36,10 @@ UP_TIMEOUT_S = 900  # includes apt-get on a machine without the packages
 # (re)started only while holding this lock (``flock /tmp/course-cluster.lock CMD`` in a shell).
 LOCK_PATH = "/tmp/course-cluster.lock"
 LOCK_TIMEOUT_S = 1800
+# Where the time goes: with COURSE_LOCK_LOG set to a file, each hold of the lock appends a line
+# "<taken> <released> <seconds waited for it> <test>" (epoch seconds); .ci/run sets it and sums
+# the held time and the gaps between holds (tests/README.md, "Where the time goes").
+LOCK_LOG = os.environ.get("COURSE_LOCK_LOG", "")
 
 # Variables that would point the test's commands at another allocation or site.
 _FOREIGN_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_")
@@ -298,9 +302,12 @@ def cluster_lock(timeout: float = LOCK_TIMEOUT_S):
         ["flock", "-w", str(int(timeout)), LOCK_PATH, "sh", "-c", "echo locked; exec cat"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
+    asked = time.time()
+    taken = None
     try:
         if holder.stdout.readline().strip() != "locked":
             pytest.fail(f"{LOCK_PATH} stayed locked for {timeout} s", pytrace=False)
+        taken = time.time()
         _lock_depth += 1
         try:
             yield
@@ -308,6 +315,10 @@ def cluster_lock(timeout: float = LOCK_TIMEOUT_S):
             _lock_depth -= 1
     finally:
         holder.stdin.close()  # cat ends, flock releases the lock
+        if LOCK_LOG and taken is not None:
+            test = os.environ.get("PYTEST_CURRENT_TEST", "?").split(" ")[0]
+            with open(LOCK_LOG, "a") as log:
+                log.write(f"{taken:.1f} {time.time():.1f} {taken - asked:.1f} {test}\n")
         try:
             holder.wait(timeout=10)
         except subprocess.TimeoutExpired:

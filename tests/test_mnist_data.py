@@ -107,7 +107,7 @@ CARRIED = (
 def test_mnist_py_carried_alone_checks_as_the_course_does(tmp_path, data_dir, case):
     """A project that took common/mnist.py alone: it checks the files as the course does (their
     MD5: a damaged file is named), reads them, and a missing file is the course's one line, not
-    torchvision's traceback (also unchecked, ``verify=False``: torchvision's error in one line)."""
+    a traceback (also unchecked, ``verify=False``)."""
     carried = tmp_path / "project" / "common"
     carried.mkdir(parents=True)
     (carried / "__init__.py").write_text("")

@@ -35,7 +35,7 @@ EPOCHS=${1:-${EPOCHS:-2}}
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 1 ]] || { echo "error: EPOCHS='$EPOCHS' is not a whole number of epochs >= 1: pass e.g. 2 (sbatch lessons/07_fsdp_sharding/job.sh 2)" >&2; exit 2; }
 course_subset || exit 2  # SUBSET=N: the first N images of each set
 set -- "${SUBSET_ARGS[@]}" "$@"
-# MNIST_DIR is torchvision's root: torchvision.datasets.MNIST reads the files in MNIST/raw/.
+# MNIST_DIR: the folder whose MNIST/raw/ holds the idx files (torchvision's layout).
 data=${MNIST_DIR:-$COURSE_ROOT/data/mnist}/MNIST/raw
 for f in train-images-idx3-ubyte train-labels-idx1-ubyte t10k-images-idx3-ubyte t10k-labels-idx1-ubyte; do
     [[ -f $data/$f ]] || { echo "error: MNIST file $data/$f is missing: prepare the data once, on the login node: python -m common.mnist_prepare" >&2; exit 2; }
