@@ -9,9 +9,11 @@ CPU-seconds instead of 1.7 on a 2-core machine), for a format :func:`read_idx` r
 lines; :func:`normalize` is torchvision's ``ToDtype(scale=True)`` then ``Normalize``, the same
 float32 operations in the same order: the same tensors, to the bit.
 """
+
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import struct
 from pathlib import Path
@@ -156,11 +158,12 @@ def read_idx(path: Path) -> np.ndarray:
 
     data = Path(path).read_bytes()
     ndim = data[3] if len(data) >= 4 else 0
-    if data[:3] != b"\0\0\x08" or ndim == 0 or len(data) < 4 + 4 * ndim:
-        raise MnistDataError(f"MNIST file {path} is not an idx file of bytes; prepare it again: "
-                             f"{_prepare_hint(Path(path).parent)} --force")  # fmt: skip
-    shape = struct.unpack(f">{ndim}I", data[4 : 4 + 4 * ndim])
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(shape)
+    start = 4 + 4 * ndim
+    shape = struct.unpack(f">{ndim}I", data[4:start]) if len(data) >= start else ()
+    if data[:3] != b"\0\0\x08" or not shape or len(data) != start + math.prod(shape):
+        raise MnistDataError(f"MNIST file {path} is not a whole idx file of bytes; prepare it "
+                             f"again: {_prepare_hint(Path(path).parent)} --force")  # fmt: skip
+    return np.frombuffer(data, np.uint8, offset=start).reshape(shape)
 
 
 def load_mnist(

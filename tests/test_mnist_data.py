@@ -103,7 +103,8 @@ CARRIED = (
 )
 
 
-@pytest.mark.parametrize("case", ["data", "no data", "damaged", "no data, unchecked"])
+@pytest.mark.parametrize("case", ["data", "no data", "damaged", "no data, unchecked",
+                                  "cut short, unchecked"])
 def test_mnist_py_carried_alone_checks_as_the_course_does(tmp_path, data_dir, case):
     """A project that took common/mnist.py alone: it checks the files as the course does (their
     MD5: a damaged file is named), reads them, and a missing file is the course's one line, not
@@ -118,6 +119,10 @@ def test_mnist_py_carried_alone_checks_as_the_course_does(tmp_path, data_dir, ca
         with open(mnist.raw_dir(root) / "t10k-labels-idx1-ubyte", "r+b") as f:
             f.seek(100)
             f.write(b"\xff")
+    if case == "cut short, unchecked":  # an interrupted copy, read without its MD5 checked
+        shutil.copytree(mnist.raw_dir(data_dir), mnist.raw_dir(root))
+        images = mnist.raw_dir(root) / "t10k-images-idx3-ubyte"
+        images.write_bytes(images.read_bytes()[:5000])
     verify = "n" if case.endswith("unchecked") else "y"
     proc = subprocess.run([sys.executable, "-c", CARRIED, str(carried.parent), str(root), verify],
                           capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin"})
@@ -132,5 +137,6 @@ def test_mnist_py_carried_alone_checks_as_the_course_does(tmp_path, data_dir, ca
     assert lines[0] == f"error: {course.value}", (lines[0], str(course.value))
     assert "python -m common.mnist_prepare" in lines[0]
     said = {"no data": "does not exist", "damaged": "t10k-labels-idx1-ubyte is corrupted: MD5",
-            "no data, unchecked": "MNIST is not in "}[case]  # fmt: skip
+            "no data, unchecked": "MNIST is not in ",
+            "cut short, unchecked": "t10k-images-idx3-ubyte is not a whole idx"}[case]  # fmt: skip
     assert said in lines[0], lines[0]
