@@ -1,4 +1,5 @@
 #!/bin/bash
+# shellcheck source-path=SCRIPTDIR
 # Run a daemon of the local cluster from a Slurm version's root (cluster/slurm_root.sh), as a
 # host that runs that Debian release: cluster/up.sh starts every daemon of such a version with
 #   [nsenter --net=<node's namespace>] bash cluster/in_root.sh ROOT HOSTNAME PATH... -- COMMAND...
@@ -11,55 +12,23 @@
 # Those mounts exist only in that namespace: they go away with the daemon and its jobs.
 set -euo pipefail
 
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 die() {
     echo "in_root.sh: error: $*" >&2
     exit 1
 }
 
-# The id the kernel gave mount namespace FILE (ioctl NS_GET_MNTNS_ID; perl is part of every
-# Debian system), or nothing where the kernel has no such ioctl (before 6.8).
-ns_id() {
-    perl -e 'open(my $f, "<", $ARGV[0]) or exit 1; my $b = "\0" x 8;
-        ioctl($f, 0x8008b705, $b) or exit 1; print unpack("Q", $b), "\n"' "$1" 2>/dev/null || true
-}
-
 # new_namespace TRY ARGS...: run this script again with ARGS in a new private mount namespace
-# (and UTS namespace) whose id is lower than that of every mount namespace made after it.
-# Why: job_container/tmpfs (the per-job /tmp) keeps a job's mount namespace by bind-mounting
-# /proc/<pid>/ns/mnt, from slurmstepd in the daemon's namespace, and the kernel refuses that
-# unless the job's namespace has the higher id (mnt_ns_loop in fs/namespace.c): "_create_ns: ns
-# base mount failed: Invalid argument" in slurmd's log, and the job fails. From Linux 6.18 on,
-# each CPU hands out mount namespace ids from a block of 4096 of its own, so a namespace made
-# later on another CPU can have a lower id. (22.05's slurmd runs in this machine's own, older
-# namespace.) So: take one id on each CPU this process may use, make the daemon's namespace on
-# the CPU whose next id is the lowest, and check in it that its id is below the next id of
-# every other CPU (else try again); the daemon then runs on all those CPUs again.
+# (and UTS namespace) whose id is lower than that of every mount namespace made after it, on the
+# CPU lib.sh's lowest_ns_cpu picks (it says why); the daemon then runs on all CPUs again.
 new_namespace() {
-    local try=$1 cpus part a b cpu ids=() list=() low=0 below="" i
+    local try=$1 cpu below cpus
     shift
-    cpus=$(taskset -pc $$)
-    cpus=${cpus##*: }
-    for part in ${cpus//,/ }; do
-        a=${part%-*} b=${part#*-}
-        for ((cpu = a; cpu <= b; cpu++)); do list+=("$cpu"); done
-    done
-    if ((${#list[@]} > 1)) && [[ -n $(ns_id /proc/self/ns/mnt) ]]; then
-        for cpu in "${list[@]}"; do
-            ids+=("$(taskset -c "$cpu" unshare --mount --propagation unchanged \
-                "$BASH" -c "$(declare -f ns_id); ns_id /proc/self/ns/mnt")")
-        done
-        for i in "${!ids[@]}"; do
-            if ((ids[i] < ids[low])); then low=$i; fi
-        done
-        for i in "${!ids[@]}"; do
-            if ((i != low)) && [[ -z $below || ${ids[i]} -lt $below ]]; then below=${ids[i]}; fi
-        done
-        cpu=${list[low]}
-    else
-        cpu=$cpus # one CPU, or a kernel whose namespace ids only grow: any will do
-    fi
+    read -r cpu below cpus < <(lowest_ns_cpu)
     exec taskset -c "$cpu" unshare --uts --mount --propagation private \
-        "$BASH" "$0" --in-namespace "$try" "$cpus" "${below:-0}" "$@"
+        "$BASH" "$0" --in-namespace "$try" "$cpus" "$below" "$@"
 }
 
 if [[ ${1:-} != --in-namespace ]]; then

@@ -94,6 +94,51 @@ start_daemon() {
     )
 }
 
+# The id the kernel gave mount namespace FILE (ioctl NS_GET_MNTNS_ID; perl is part of every
+# Debian system), or nothing where the kernel has no such ioctl (before 6.8).
+ns_id() {
+    perl -e 'open(my $f, "<", $ARGV[0]) or exit 1; my $b = "\0" x 8;
+        ioctl($f, 0x8008b705, $b) or exit 1; print unpack("Q", $b), "\n"' "$1" 2>/dev/null || true
+}
+
+# lowest_ns_cpu: "CPU BELOW CPUS": where to make a mount namespace in which a slurmd runs (in_root.sh,
+# apart.sh), so that its id is lower than that of every mount namespace made after it: CPU,
+# the lowest next id of the other CPUs (0: no check needed) and this process's CPU list, to
+# run on again once the namespace is made.
+# Why: job_container/tmpfs (the per-job /tmp) keeps a job's mount namespace by bind-mounting
+# /proc/<pid>/ns/mnt, from slurmstepd in the daemon's namespace, and the kernel refuses that
+# unless the job's namespace has the higher id (mnt_ns_loop in fs/namespace.c): "_create_ns: ns
+# base mount failed: Invalid argument" in slurmd's log, and the job fails. From Linux 6.18 on,
+# each CPU hands out mount namespace ids from a block of 4096 of its own, so a namespace made
+# later on another CPU can have a lower id. (A slurmd in this machine's own namespace, the
+# oldest, never meets it.) So: take one id on each CPU, make the namespace on the CPU whose next
+# id is the lowest, and check in it that its id is below BELOW (else make it again).
+lowest_ns_cpu() {
+    local cpus part a b cpu ids=() list=() low=0 below="" i
+    cpus=$(taskset -pc $BASHPID)
+    cpus=${cpus##*: }
+    for part in ${cpus//,/ }; do
+        a=${part%-*} b=${part#*-}
+        for ((cpu = a; cpu <= b; cpu++)); do list+=("$cpu"); done
+    done
+    if ((${#list[@]} > 1)) && [[ -n $(ns_id /proc/self/ns/mnt) ]]; then
+        for cpu in "${list[@]}"; do
+            ids+=("$(taskset -c "$cpu" unshare --mount --propagation unchanged \
+                "$BASH" -c "$(declare -f ns_id); ns_id /proc/self/ns/mnt")")
+        done
+        for i in "${!ids[@]}"; do
+            if ((ids[i] < ids[low])); then low=$i; fi
+        done
+        for i in "${!ids[@]}"; do
+            if ((i != low)) && [[ -z $below || ${ids[i]} -lt $below ]]; then below=${ids[i]}; fi
+        done
+        cpu=${list[low]}
+    else
+        cpu=$cpus # one CPU, or a kernel whose namespace ids only grow: any will do
+    fi
+    echo "$cpu ${below:-0} $cpus"
+}
+
 # Take the cluster's own lock so that two up/down runs never interleave.
 # A second up.sh/down.sh waits for the first (COURSE_CLUSTER_LOCK_WAIT_S, default 300 s).
 take_lock() {

@@ -685,10 +685,11 @@ start_network() {
 start_time=$EPOCHREALTIME
 note "starting ($SHAPE)"
 stop_cluster keep-munge
-# Anything slurm-like still running was not started by us: refuse to fight it.
+# Anything slurm-like still running was not started by us: refuse to fight it. (In this PID
+# namespace only: a cluster that cluster/apart.sh runs beside this one is not in our way.)
 for name in slurmctld slurmd slurmdbd; do
     others=()
-    for pid in $(pgrep -x "$name" || true); do
+    for pid in $(pgrep -x "$name" --ns $$ --nslist pid || true); do
         pid_alive "$pid" "$name" && others+=("$pid")
     done
     if [[ ${#others[@]} -gt 0 ]]; then

@@ -45,11 +45,15 @@ def nodes():
 
 
 def live_processes(names=DAEMONS):
-    """{pid: name} of running (not zombie) processes called one of ``names``."""
+    """{pid: name} of running (not zombie) processes called one of ``names``, in this PID
+    namespace (a cluster that cluster/apart.sh runs beside this one is not ours)."""
     found = {}
+    ours = os.readlink("/proc/self/ns/pid")
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             text = stat.read_text()
+            if os.readlink(stat.parent / "ns" / "pid") != ours:
+                continue
         except OSError:
             continue
         comm = text[text.index("(") + 1 : text.rindex(")")]
@@ -340,7 +344,7 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
             # ... and nothing of the jobs' private /tmp (job_container/tmpfs) stays mounted.
             table = Path("/proc/self/mountinfo").read_text().splitlines()
             mounts = [line.split()[4] for line in table]
-            assert not [m for m in mounts if m.startswith(str(CLUSTER_ROOT))], mounts
+            assert not [m for m in mounts if m.startswith(f"{CLUSTER_ROOT}/")], mounts
             assert run("bash", DOWN, timeout=60).returncode == 0  # down twice is fine
 
             proc = up()
