@@ -128,8 +128,10 @@ test-lesson10: venv data
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -m "$(LESSON10_MARKS)" tests lessons/10_fit_and_keep --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The `sites` lane: cluster tests take the cluster lock themselves, one job at a time.
+# LONG_MARKS="long and not computes" leaves out make demo's full job (.ci/run runs it apart).
+LONG_MARKS ?= long
 test-long: venv data container
-	$(VENV)/bin/pytest --durations=10 -m long tests
+	$(VENV)/bin/pytest --durations=10 -m "$(LONG_MARKS)" tests
 
 test-sites: venv data
 	$(VENV)/bin/pytest --durations=10 -m sites tests

@@ -179,6 +179,11 @@ def pytest_configure(config):
         "time, requeues); a lane of its own (make test-long), left out of make test",
     )
     config.addinivalue_line(
+        "markers", "computes: a long job whose minutes go to computing, not to Slurm's timers "
+        "(make demo's full job): .ci/run runs it apart from the rest of the long lane "
+        "(LONG_MARKS)",
+    )
+    config.addinivalue_line(
         "markers", "scale: real job sizes, 34 and 64 ranks on 17 and 32 nodes; a lane of its "
         "own (make test-scale), left out of make test",
     )

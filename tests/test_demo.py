@@ -28,7 +28,8 @@ def plain_shell_environ() -> dict[str, str]:
     return env
 
 
-@pytest.mark.long  # about 70 s on 2 cores: the full default job
+@pytest.mark.long  # about 70 s on 2 cores alone: the full default job
+@pytest.mark.computes
 @pytest.mark.timeout(900)
 def test_make_demo(cluster, cluster_lock):
     with cluster_lock():  # make demo finds the cluster up (the fixture): it only submits
