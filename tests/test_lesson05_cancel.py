@@ -43,7 +43,7 @@ def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, 
         job = slurm("sbatch", "--parsable", f"--output={out}", ROOT / script, *args,
                     env={"SUBSET": "12800", variable: str(ckpt)})  # fmt: skip
         try:
-            wait_for("a progress line", lambda: "batch 10/" in log(), 120)
+            wait_for("a progress line", lambda: "batch 10/" in log(), 240)
             slurm("scancel", job)
             state, _, record = wait_job(job, timeout=120)
         finally:
