@@ -58,7 +58,7 @@ def test_second_cluster_beside_this_one_sees_nothing_of_it(cluster, cluster_lock
                                      cwd=ROOT, capture_output=True, text=True,
                                      timeout=180)  # fmt: skip
             assert restart.returncode == 0, restart.stdout + restart.stderr
-            assert slurm("srun", "--nodes=2", "hostname").split() == ["node1", "node2"]
+            assert sorted(slurm("srun", "--nodes=2", "hostname").split()) == ["node1", "node2"]
         finally:
             (tmp_path / "go").touch()
             rest, _ = inside.communicate(timeout=120)
