@@ -67,6 +67,7 @@ if [[ ${COURSE_APART_INSIDE:-} != 1 ]]; then
     # Its mount namespace is where a 22.05 slurmd runs: made on the CPU that keeps its id below
     # every later one's (lowest_ns_cpu in lib.sh says why); inside, it checks, and exits 75 if
     # another CPU took a new block of ids meanwhile (rare), to be made again.
+    rm -f "$DIR/started"
     for try in 1 2 3 4 5; do
         read -r cpu below cpus < <(lowest_ns_cpu)
         for h in "${hierarchies[@]}"; do echo "$BASHPID" >"$h/$group/tasks"; done
@@ -78,7 +79,7 @@ if [[ ${COURSE_APART_INSIDE:-} != 1 ]]; then
         for h in "${hierarchies[@]}"; do echo "$BASHPID" >"$h/tasks"; done
         rc=0
         wait "$inner" || rc=$?
-        ((rc == 75)) && [[ ! -e $DIR/started ]] || break
+        if ((rc != 75)) || [[ -e $DIR/started ]]; then break; fi
     done
     rm -f "$DIR/started"
     # Every process of the namespace has ended with it: only empty groups are left.
