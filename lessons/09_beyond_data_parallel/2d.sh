@@ -8,7 +8,8 @@
 #   TP=4 sbatch lessons/09_beyond_data_parallel/2d.sh           # refused: a tp group over 2 nodes
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
-# (`#SBATCH --gpus-per-task=1`): tp.py then picks cuda:<local rank> and NCCL.
+# (`#SBATCH --gpus-per-task=1`): tp.py then takes the GPU Slurm gave the task (cuda:0, the one
+# it sees: cuda_device_index in common/env.py) and NCCL.
 #SBATCH --job-name=2d
 #SBATCH --output=%x-%j.out
 #SBATCH --nodes=2                  # dp: one row of the mesh per node
