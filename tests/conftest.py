@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import records
 
 from common import jobwait
 
@@ -465,7 +466,7 @@ def wait_for(what: str, predicate, timeout: float, poll: float = 0.3):
     pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
 
 
-def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 150,
+def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 300,
                sbatch_args=()):  # fmt: skip
     """Under the cluster lock: sbatch SBATCH_ARGS SCRIPT JOB_ARGS (the fixture sbatch_wait
     passes no arguments to the script), wait for the end polling faster than sbatch --wait,
@@ -525,7 +526,7 @@ def cluster_lock_fixture():
 def sbatch_wait(cluster, tmp_path):
     """A function that submits a job script, waits for it to end and returns a JobResult.
 
-    ``sbatch_wait(script, *sbatch_args, env=None, timeout=300, script_args=())`` runs from the
+    ``sbatch_wait(script, *sbatch_args, env=None, timeout=600, script_args=())`` runs from the
     repository root (``script_args`` go to the script);
     the job's output goes to a temporary ``slurm-<jobid>.out`` unless ``--output`` is given on
     the command line or in the script. ``returncode`` is what ``sbatch --wait`` would return
@@ -533,7 +534,7 @@ def sbatch_wait(cluster, tmp_path):
     2, 10, 42 s. On timeout the job is cancelled and the test fails.
     """
 
-    def submit(script, *sbatch_args, env=None, timeout=300, script_args=()) -> JobResult:
+    def submit(script, *sbatch_args, env=None, timeout=600, script_args=()) -> JobResult:
         args = tuple(str(a) for a in sbatch_args)
         script_path = Path(script) if Path(script).is_absolute() else ROOT / script
         extra = []
@@ -570,11 +571,11 @@ def sbatch_wait(cluster, tmp_path):
 def srun(cluster):
     """A function that runs ``srun ARGS`` from the repository root and returns CompletedProcess.
 
-    ``srun(*args, env=None, timeout=120)``; on timeout srun is interrupted (which cancels its
+    ``srun(*args, env=None, timeout=240)``; on timeout srun is interrupted (which cancels its
     step) and the test fails with what it printed.
     """
 
-    def run(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    def run(*args, env=None, timeout=240) -> subprocess.CompletedProcess:
         with cluster_lock():
             return _srun(["srun", *(str(a) for a in args)], env, timeout)
 
@@ -602,3 +603,14 @@ def _srun(cmd, env, timeout) -> subprocess.CompletedProcess:
             pytrace=False,
         )
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+# Every process a test starts, and how each test ended, recorded (tests/records.py): CI's last
+# step confirms the READMEs' commands against these runs (tests/confirm_readme.py).
+records.install()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    records.outcome(report.get_result())

@@ -210,20 +210,20 @@ def test_sbatch_wait_returns_the_job_exit_code(sbatch_wait, tmp_path):
         " --mem=64G --time=00:05:00\nset -euo pipefail\n"
         'echo "batch on $(hostname)"\nsrun hostname | sort\n'
     )
-    result = sbatch_wait(ok, timeout=120)
+    result = sbatch_wait(ok, timeout=240)
     assert result.returncode == 0, result.output
     assert result.output.split("\n") == ["batch on node1", "node1", "node2", ""], result.output
     assert result.output_path == tmp_path / f"slurm-{result.job_id}.out"
 
     failing = tmp_path / "fail.sh"
     failing.write_text("#!/bin/bash\necho about to fail\nexit 7\n")
-    result = sbatch_wait(failing, timeout=120)
+    result = sbatch_wait(failing, timeout=240)
     assert result.returncode == 7, (result.returncode, result.output)
     assert result.output == "about to fail\n"
 
     step_fails = tmp_path / "step_fails.sh"
     step_fails.write_text("#!/bin/bash\nset -e\nsrun -N2 false\necho not reached\n")
-    result = sbatch_wait(step_fails, "--nodes=2", timeout=120)
+    result = sbatch_wait(step_fails, "--nodes=2", timeout=240)
     assert result.returncode != 0 and "not reached" not in result.output, result.output
 
 
@@ -242,7 +242,7 @@ def test_srun_takes_cpus_per_task_from_the_job_from_23_11(sbatch_wait, tmp_path)
         '|| echo "told: refused"\n'
         'echo "SLURM_TRES_PER_TASK=${SLURM_TRES_PER_TASK:-unset}"\n'
     )
-    result = sbatch_wait(script, timeout=120)
+    result = sbatch_wait(script, timeout=240)
     assert result.returncode == 0, result.output
     inherits = slurm_version() >= (23, 11)
     assert f"plain: {'refused' if inherits else 'ran'}" in result.output, result.output
@@ -258,7 +258,7 @@ def free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_gloo_all_reduce_between_nodes(srun):
     env = {"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
     proc = srun(
@@ -273,7 +273,7 @@ def test_gloo_all_reduce_between_nodes(srun):
         assert r["hosts"] == ["node1", "node2"] and r["hostname"] == r["node"], r
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_nodes_are_separate_hosts_on_a_network(srun):
     """Each node has its own address and eth0, and its own loopback: localhost on node2 is
     node2, so only the name of node1 reaches a server on node1. (What that does to a script
@@ -324,7 +324,7 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
     with cluster_lock():
         try:
             up()
-            old_job = sbatch_wait(script, timeout=60).job_id
+            old_job = sbatch_wait(script, timeout=120).job_id
             before = recorded_daemons()
             proc = up()
             assert "already up" in proc.stderr, proc.stderr
@@ -357,7 +357,7 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
             # under the placeholder name "allocation".)
             acct = run("sacct", "-n", "-P", "-X", "-j", old_job, "--format=State,ExitCode")
             assert acct.stdout.split() == ["FAILED|4:0"], acct.stdout + acct.stderr
-            assert int(sbatch_wait(script, timeout=60).job_id) > int(old_job)
+            assert int(sbatch_wait(script, timeout=120).job_id) > int(old_job)
         finally:
             up()
 

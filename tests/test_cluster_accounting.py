@@ -47,7 +47,7 @@ def test_sacct_lists_a_finished_job_and_its_steps(sbatch_wait, tmp_path):
         "#!/bin/bash\n#SBATCH --job-name=acct-test --nodes=2 --ntasks-per-node=1\n"
         "srun hostname\nexit 3\n"
     )
-    result = sbatch_wait(script, timeout=120)
+    result = sbatch_wait(script, timeout=240)
     assert result.returncode == 3, result.output
     fields = ["JobID", "JobName", "Partition", "State", "ExitCode", "NNodes", "NodeList"]
     by_id = sacct_rows(result.job_id, fields, ["batch", "0"])
@@ -61,7 +61,7 @@ def test_sacct_lists_a_finished_job_and_its_steps(sbatch_wait, tmp_path):
     assert by_id[f"{result.job_id}.batch"]["ExitCode"] == "3:0", rows
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_sstat_reports_a_running_step(cluster, cluster_lock, tmp_path):
     with cluster_lock():
         job = slurm(
@@ -88,14 +88,14 @@ def test_sstat_reports_a_running_step(cluster, cluster_lock, tmp_path):
             assert rss, f"sstat never showed {job}.0 with its 200 MB: {proc.stdout}{proc.stderr}"
         finally:
             subprocess.run(["scancel", job], capture_output=True, timeout=30)
-            wait_job(job, timeout=60)
+            wait_job(job, timeout=120)
 
 
 def test_job_ids_increase_and_come_from_the_database(sbatch_wait, tmp_path):
     script = tmp_path / "t.sh"
     script.write_text("#!/bin/bash\ntrue\n")
-    first = sbatch_wait(script, timeout=60)
-    second = sbatch_wait(script, timeout=60)
+    first = sbatch_wait(script, timeout=120)
+    second = sbatch_wait(script, timeout=120)
     assert int(second.job_id) > int(first.job_id)
     config = slurm("scontrol", "show", "config")
     assert re.search(r"AccountingStorageType\s*=\s*accounting_storage/slurmdbd", config), config
@@ -105,7 +105,7 @@ def test_job_ids_increase_and_come_from_the_database(sbatch_wait, tmp_path):
 def test_mail_type_end_lands_in_the_users_mailbox(sbatch_wait, tmp_path):
     script = tmp_path / "mail.sh"
     script.write_text("#!/bin/bash\n#SBATCH --job-name=mail-test --mail-type=END\ntrue\n")
-    result = sbatch_wait(script, timeout=60)
+    result = sbatch_wait(script, timeout=120)
     assert result.returncode == 0, result.output
     box = MAIL_DIR / "root"
     text = ""

@@ -40,7 +40,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_every_node_names_v4_mapped_addresses(srun):
     proc = srun("-N2", "--ntasks-per-node=1", PYTHON, "-c", REVERSE, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -51,7 +51,7 @@ def test_every_node_names_v4_mapped_addresses(srun):
                        "::ffff:127.0.0.1": "localhost"}, row  # fmt: skip
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_two_node_gloo_job_prints_no_client_hostname_warning(srun):
     """A real 2-node x 2-task gloo all_reduce: three clients from two hosts reach rank 0's
     store on node1 (one of them over node1's own address); none draws the warning."""

@@ -64,7 +64,7 @@ def short_grace_time(partition, seconds):
 
 
 @pytest.mark.long  # about 60 s of grace time and requeues: make test-long (and make test-slurm)
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(840)
 def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp_path):
     script = tmp_path / "victim.sh"
     script.write_text(VICTIM)
@@ -80,7 +80,7 @@ def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp
                 "--exclusive", f"--output={tmp_path}/urgent.out", "--wrap",
                 'echo "urgent job on $(hostname)"',
             ).split(";")[0].strip()  # fmt: skip
-            state, code, _ = wait_job(urgent, timeout=90)
+            state, code, _ = wait_job(urgent, timeout=180)
             assert (state, code) == ("COMPLETED", 0), (tmp_path / "urgent.out").read_text()
             assert (tmp_path / "urgent.out").read_text() == "urgent job on node1\n"
 
@@ -89,7 +89,7 @@ def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp
             restarts = restarts_after_a_kill_at_the_end_of_grace_time()
             wait_for("the victim's requeue", lambda: (r := job_record(victim))
                      and int(r.get("Restarts", 0)) >= 1 and r, 90)  # fmt: skip
-            state, code, record = wait_job(victim, timeout=180)
+            state, code, record = wait_job(victim, timeout=360)
         finally:
             for job in (victim, urgent):
                 if job:

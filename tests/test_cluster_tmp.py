@@ -16,7 +16,7 @@ from conftest import ROOT, cluster_lock, job_environ, wait_for
 # BasePath/<node>/<job id> (cluster/up.sh writes BasePath).
 NODE1_JOBS = Path("/var/lib/course-cluster/nodes/node1/node1")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 
 def test_a_file_written_to_tmp_on_node1_is_not_on_node2(srun):

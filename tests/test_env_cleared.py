@@ -69,7 +69,7 @@ def test_a_cleared_step_is_refused(environ, cgroup, refused):
 PYTHON = sys.executable
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_srun_env_i_is_one_clear_line(srun):
     cleared = srun("-N1", "-n1", "env", "-i", f"PYTHONPATH={ROOT}", PYTHON, "-m", "common.env",
                    timeout=60)  # fmt: skip

@@ -23,7 +23,7 @@ def tagged(output, tag):
     return sorted(rows, key=lambda r: r["rank"])
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_env_in_a_two_node_job(cluster, sbatch_wait):
     result = sbatch_wait("tests/workers/env_job.sh", timeout=240)
     out = result.output

@@ -139,7 +139,7 @@ srun --label bash -c 'echo "$(hostname) $COURSE_SITE_PROBE"'
 """
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(400)
 def test_site_file_reaches_every_srun_task(sbatch_wait, tmp_path):
     site = tmp_path / "site.sh"
     site.write_text("COURSE_SITE_PROBE=reached\n")

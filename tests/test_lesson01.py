@@ -96,7 +96,7 @@ def test_hello_allreduce_alone_is_a_world_of_one():
     assert world["backend"] == "gloo" and world["addr"] == "127.0.0.1"
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_hello_allreduce_refuses_to_spawn_inside_a_task_per_gpu_step():
     """srun already started 2 tasks on this node; spawning 2 more each is the double spawn."""
     host = socket.gethostname()
@@ -153,7 +153,7 @@ def shape(text):
 
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", sorted(JOBS))
 def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
     job_name, nodes, per_node, launcher = JOBS[script]
@@ -204,7 +204,7 @@ def check_by_hand(text, world, init_prefix):
     return lines
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_by_hand_says_what_is_missing(monkeypatch, capsys):
     proc = run_lesson("by_hand.py")  # no SLURM variables at all
     assert proc.returncode == 1 and proc.stdout == "", proc.stdout
@@ -236,7 +236,7 @@ def test_by_hand_says_what_is_missing(monkeypatch, capsys):
     assert "--init file needs --dist-file PATH" in capsys.readouterr().err
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("step_id", [None, "-5"], ids=["up-to-25.11", "from-26.05"])
 def test_by_hand_refuses_the_batch_script(step_id):
     """What `python by_hand.py` sees in a batch script of by_hand.sh's shape, without srun.
@@ -260,7 +260,7 @@ def test_by_hand_refuses_the_batch_script(step_id):
                            "srun step (the batch script itself?): start this script with srun\n")
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_by_hand_job_on_local_cluster(cluster, sbatch_wait):
     result = sbatch_wait("lessons/01_hello_allreduce/by_hand.sh", timeout=240)
     text = result.output

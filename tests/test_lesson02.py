@@ -114,7 +114,7 @@ def test_node_launch_helper_on_one_node(launcher):
     assert lines[0]["port"] == port
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_node_launch_helper_rejects_unknown_launcher():
     proc = subprocess.run(["bash", str(LESSON / "node_launch.sh"), "mpirun", HELLO], cwd=ROOT,
                           env=clean_environ(), capture_output=True, text=True, timeout=30)
@@ -166,7 +166,7 @@ def shape(text):
 
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("script", list(JOBS))
 def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
     job_name, nodes, per_node, master = JOBS[script]
@@ -188,7 +188,7 @@ def test_job_script_on_local_cluster(cluster, sbatch_wait, script):
     tidy(result)  # only when every check passed: a failed run keeps its file
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_pitfall_double_spawn_fails_with_clear_message(cluster, sbatch_wait):
     script, job_name = PITFALL
     result = sbatch_wait(f"lessons/02_launch_vs_srun/{script}", timeout=240)

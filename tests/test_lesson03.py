@@ -266,7 +266,7 @@ def submit(cluster_lock, tmp_path, *job_args, env=None, timeout=240):
     return submit_job(tmp_path, JOB, *job_args, env=env, timeout=timeout)
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(400)
 @pytest.mark.parametrize(
     "env, args, message",
     [
@@ -285,7 +285,7 @@ def test_job_refuses_bad_input_before_srun(cluster, cluster_lock, tmp_path, env,
 
 
 @pytest.mark.long  # 3 epochs of 2,048 images on 2 nodes x 2 tasks, about 20 s (make test-long)
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(800)
 def test_quick_first_run_as_the_readme_types_it(cluster, tmp_path):
     """§2's quick first run, `SUBSET=2048 sbatch lessons/03_ddp_mnist/job.sh`: the default
     3 epochs on the first 2,048 images of each set, saved in a checkpoint of the job's own."""

@@ -117,7 +117,7 @@ def test_sample_output_has_the_shape_of_a_run():
     check_training(out, nodes=2, per_node=2, hosts=["node1", "node2"])
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_gpus_without_the_drivers_libraries_name_ch_fromhost(home_tmp):
     """On a GPU node the image has the CUDA runtime from the wheels but not the driver's
     libcuda.so, which belongs to the node, and ch-run injects nothing (`ch-fromhost --nvidia` is

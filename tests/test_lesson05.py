@@ -294,7 +294,7 @@ def test_stop_while_python_starts_is_requeued(cluster, cluster_lock, tmp_path):
     assert re.search(r"done: test_acc \d+\.\d+% after 1 epochs", text), text
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_path):
     """The README's §3 as written, on the first 1,024 images of each set (SUBSET): the array's
     3 links, one at a time, each resuming the last; then a separate job of one more link
@@ -323,7 +323,7 @@ def test_chain_of_array_links_and_a_dependent_job(cluster, cluster_lock, tmp_pat
 
 
 @pytest.mark.long  # three 2-node jobs with restarts, about 70 s: make test-long
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(800)
 def test_crashed_rank_restarted_then_faulty_node_named_then_excluded(cluster, cluster_lock,
                                                                     tmp_path):  # fmt: skip
     """The README's §4 as written, on the first 2,048 images of each set (SUBSET): rank 3
@@ -333,7 +333,7 @@ def test_crashed_rank_restarted_then_faulty_node_named_then_excluded(cluster, cl
 
     def finish(name: str, job: str) -> None:
         try:
-            results[name] = (wait_job(job, timeout=150)[1], (tmp_path / f"{name}.out").read_text())
+            results[name] = (wait_job(job, timeout=300)[1], (tmp_path / f"{name}.out").read_text())
         finally:
             subprocess.run(["scancel", job], capture_output=True, timeout=30)
             (ROOT / "checkpoints" / f"ft-crash-{job}.pt").unlink(missing_ok=True)

@@ -27,7 +27,7 @@ SCRIPTS = {
 
 
 @pytest.mark.long
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("lesson", sorted(SCRIPTS))
 def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, tmp_path, lesson):
     if lesson == "07" and slurm_version() == (22, 5):
@@ -45,7 +45,7 @@ def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, 
         try:
             wait_for("a progress line", lambda: "batch 10/" in log(), 240)
             slurm("scancel", job)
-            state, _, record = wait_job(job, timeout=120)
+            state, _, record = wait_job(job, timeout=240)
         finally:
             subprocess.run(["scancel", job], capture_output=True, timeout=30)
     text = log()

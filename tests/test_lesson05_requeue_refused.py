@@ -27,7 +27,7 @@ exec /usr/bin/scontrol "$@"
 """
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_a_refused_requeue_fails_the_job_in_one_line(cluster, cluster_lock, tmp_path):
     out, ckpt = tmp_path / "job.out", tmp_path / "ckpt.pt"
     bin_dir = tmp_path / "bin"
@@ -52,7 +52,7 @@ def test_a_refused_requeue_fails_the_job_in_one_line(cluster, cluster_lock, tmp_
                 time.sleep(0.3)
             subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True,
                            timeout=30, env=job_environ())  # fmt: skip
-            state, code, _ = wait_job(job, timeout=120)
+            state, code, _ = wait_job(job, timeout=240)
         finally:
             subprocess.run(["scancel", job], capture_output=True, timeout=30)
     text = log()

@@ -29,7 +29,7 @@ def first(evs, who, sig) -> float | None:
 
 
 @pytest.mark.long
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(840)
 def test_measure_sh_who_gets_which_signal(cluster, cluster_lock):
     with cluster_lock():
         proc = subprocess.run(["bash", SIGNALS / "measure.sh"], cwd=ROOT, env=job_environ(),
@@ -66,7 +66,7 @@ def test_measure_sh_who_gets_which_signal(cluster, cluster_lock):
 
 
 @pytest.mark.long
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_early_exit_sh_a_job_ending_within_its_grace_time(cluster, cluster_lock):
     if slurm_version() != (22, 5):
         pytest.skip("early_exit.sh's outcome is the README's for Slurm 22.05 (COMPLETED, not "

@@ -98,7 +98,7 @@ def analyse(folder):
     return proc.returncode, proc.stdout
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_two_ranks_dump_and_the_analyser_names_the_missing_one(tmp_path):
     dumps = tmp_path / "dumps"
     dumps.mkdir()

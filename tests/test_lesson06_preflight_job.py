@@ -19,7 +19,7 @@ def shape(text: str) -> list[str]:
 
 
 @pytest.mark.long
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(360)
 def test_preflight_sh_passes_then_runs_the_job(cluster, cluster_lock):
     with cluster_lock():
         job = slurm("sbatch", "--parsable", LESSON / "preflight.sh")

@@ -229,7 +229,7 @@ def test_sample_outputs_in_the_lesson_folder():
 
 
 @pytest.mark.long  # about 60 s: a job, its requeue and its resume (make test-long, test-slurm)
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, tmp_path):
     """The README's §5 as written, on the first 6,400 images of each set (SUBSET: 50 steps an
     epoch, a progress line at the last)."""
@@ -262,7 +262,7 @@ def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, t
             assert job_record(job)["NumNodes"] in ("2", "2-2"), job_record(job)
             slurm("scontrol", "update", f"JobId={job}", "NumNodes=1", "NumTasks=2", "NumCPUs=8")
             # It starts again once its requeue hold (cred_expire, 10 s here) is over.
-            state, code, record = wait_job(job, timeout=180)
+            state, code, record = wait_job(job, timeout=360)
         finally:
             for j in (job, other):
                 if j:
@@ -277,7 +277,7 @@ def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, t
 
 
 @pytest.mark.long  # the lesson's model: 37 s alone, 68 s among make test's runs (make test-long)
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_memory_job_runs_worlds_of_1_2_and_4(cluster, cluster_lock, tmp_path):
     # As the README submits it: the bytes per rank are the stored sample's, to the printed
     # digit; only the step times differ from run to run.
@@ -295,7 +295,7 @@ def test_memory_job_runs_worlds_of_1_2_and_4(cluster, cluster_lock, tmp_path):
     assert without_step(rows) == without_step(memory.parse_rows(sample.read_text())), text
 
 
-@pytest.mark.timeout(100)
+@pytest.mark.timeout(200)
 def test_job_refuses_bad_input_before_srun(cluster, cluster_lock, tmp_path):
     status, text = submit_job(tmp_path, LESSON / "job.sh", env={"EPOCHS": "two"},
                           timeout=60)  # fmt: skip

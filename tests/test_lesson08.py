@@ -27,7 +27,7 @@ sys.path.insert(0, str(LESSON))
 
 from mnist_files import FolderMNIST, PackedMNIST  # noqa: E402
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(360)
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_plot_scaling_reads_the_stored_study(tmp_path):
 # --------------------------------------------------------------------------- local cluster
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_job_sh_stages_the_folder_form_with_srun_and_trains(data, cluster, tmp_path):
     status, out = submit_job(tmp_path, LESSON / "job.sh", "--max-steps", "8", "--workers", "1",
                              env={"FORM": "folder", "STAGE_WITH": "srun"}, timeout=180)  # fmt: skip
@@ -141,7 +141,7 @@ def test_job_sh_stages_the_folder_form_with_srun_and_trains(data, cluster, tmp_p
     assert "10000 images scored once each" in out
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_bench_probe_and_scaling_jobs_run(data, cluster, tmp_path):
     status, out = submit_job(tmp_path, LESSON / "bench.sh", "--images", "256", "--workers", "0",
                              env={"FORMS": "packed"}, timeout=180)  # fmt: skip
@@ -150,10 +150,10 @@ def test_bench_probe_and_scaling_jobs_run(data, cluster, tmp_path):
     assert "/dev/shm in this job:" in out, out
     places = re.findall(r"^BENCH form=packed place=(\w+) workers=0 ", out, re.M)
     assert places == ["shared", "local"], out
-    status, out = submit_job(tmp_path, LESSON / "probe.sh", timeout=120)
+    status, out = submit_job(tmp_path, LESSON / "probe.sh", timeout=240)
     assert status == 0, out
     assert "right       4 different sequence(s)" in out, out  # 2 ranks x 2 workers
-    status, out = submit_job(tmp_path, LESSON / "scaling.sh", timeout=180,
+    status, out = submit_job(tmp_path, LESSON / "scaling.sh", timeout=360,
                              env={"SHAPES": "2x1", "MODES": "weak", "STEPS": "6"})  # fmt: skip
     assert status == 0, out
     assert "THROUGHPUT ranks=2 nodes=2 per_rank_batch=64" in out, out

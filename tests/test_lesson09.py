@@ -13,7 +13,6 @@ whatever the timings. The stored sample outputs are the ones the README quotes.
 
 import re
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -110,14 +109,12 @@ def test_bad_input_is_one_line(script, args, line):
 
     env = clean_environ(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                         MASTER_ADDR="127.0.0.1", MASTER_PORT="29400")  # fmt: skip
-    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, str(LESSON / script), *args.split()], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=TIMEOUT)  # fmt: skip
     # No rank 1 ever comes: a refusal after the process group would wait for it.
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == [line], proc.stderr
     assert proc.stdout == ""
-    assert time.monotonic() - t0 < 60
 
 
 # --------------------------------------------------------------------------- the cluster

@@ -17,7 +17,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -185,12 +184,10 @@ BAD = [
 
 @pytest.mark.parametrize(("script", "args", "line"), BAD, ids=[f"{s} {a}" for s, a, _ in BAD])
 def test_bad_input_is_one_line(script, args, line):
-    t0 = time.monotonic()
     proc = python(str(LESSON / script), *args.split(), **RANK0_OF_2)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert proc.stderr.splitlines() == [line], proc.stderr
     assert proc.stdout == ""
-    assert time.monotonic() - t0 < 60
 
 
 # --------------------------------------------------------------------------- the cluster

@@ -46,7 +46,7 @@ def test_linters_are_the_pinned_versions():
     assert f"\nversion: {wanted}\n" in sc.stdout, sc.stdout + sc.stderr
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_ruff():
     proc = subprocess.run(
         [str(RUFF), "check", "--no-cache", "."], cwd=ROOT, capture_output=True, text=True,
@@ -55,7 +55,7 @@ def test_ruff():
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_shellcheck():
     assert SHELLCHECK.is_file(), f"no {SHELLCHECK}: .venv/bin/pip install -r requirements.txt"
     scripts = shell_scripts()

@@ -233,7 +233,7 @@ def test_a_busy_master_port_is_named():
     assert "answered, but not as this job's rank 0" in results[1][1], results[1][1]
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_launch_errors_are_one_line_each():
     results = run_world([
         {"RANK": "2", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"},
@@ -320,7 +320,7 @@ def test_two_hosts_with_gloo_on_loopback(two_hosts):
 # --------------------------------------------------------------------------- the cluster
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(400)
 def test_srun_preflight_on_the_cluster(srun):
     env = {"PYTHONPATH": str(ROOT), "PATH": clean_environ()["PATH"]}
     good = srun("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "python", "-m",

@@ -66,7 +66,7 @@ def test_interfaces_report_their_netmask():
     assert lo["netmask"] == "255.0.0.0"
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_without_cuda_the_preflight_says_nccl_was_not_checked():
     port = str(find_free_port())
     procs = [subprocess.Popen([sys.executable, "-m", "common.preflight", "--timeout", "5"],

@@ -8,7 +8,6 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -106,7 +105,7 @@ def test_plain_environment_variables():
 def test_missing_rank_times_out_instead_of_hanging():
     """Rank 1 never starts: rank 0 must give up after COURSE_DIST_TIMEOUT, not wait forever."""
     port = str(find_free_port())
-    start = time.monotonic()
+    # timeout=TIMEOUT is the hang guard: without the 3 s set here rank 0 waits 600 s.
     proc = subprocess.run(
         [sys.executable, WORKER],
         env=clean_environ(RANK="0", WORLD_SIZE="2", MASTER_PORT=port, COURSE_DIST_TIMEOUT="3"),
@@ -114,7 +113,5 @@ def test_missing_rank_times_out_instead_of_hanging():
         text=True,
         timeout=TIMEOUT,
     )
-    elapsed = time.monotonic() - start
     assert proc.returncode != 0
     assert "timed out" in proc.stderr.lower() or "timeout" in proc.stderr.lower(), proc.stderr
-    assert elapsed < 30, f"took {elapsed:.0f} s with COURSE_DIST_TIMEOUT=3"

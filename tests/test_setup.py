@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import time
 import tokenize
 from pathlib import Path
 
@@ -287,7 +286,7 @@ def test_bad_timeout_names_the_variable(bad):
         cenv.dist_timeout({cenv.TIMEOUT_VAR: bad})
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_late_rank_is_waited_for():
     """Rank 1 reaches the barrier 4 s late (rank 0 saving a checkpoint, say): the barrier
     waits for it, within the timeout."""
@@ -306,13 +305,12 @@ def test_a_late_rank_is_waited_for():
     assert float(results[0].stdout.split()[-1]) >= 3
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_a_rendezvous_that_cannot_complete_is_one_line():
     """Rank 1 of 2 alone, rank 0 never comes: it gives up after COURSE_DIST_TIMEOUT with one
     line naming the address and the fix, and no traceback."""
-    start = time.monotonic()
+    # run_ranks' 45 s is the hang guard: without the 3 s set here a rank waits 600 s.
     (result,) = run_ranks("", 1, 45, RANK="1", WORLD_SIZE="2", COURSE_DIST_TIMEOUT="3")
-    assert time.monotonic() - start < 30
     assert result.returncode == 1
     assert "Traceback" not in result.stderr, result.stderr
     line = result.stderr.strip().splitlines()[-1]
@@ -419,7 +417,7 @@ def test_gpus_given_and_present_but_unusable_stops(tmp_path):
         assert "CPU-only build" in message, message
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_hidden_gpus_stop_the_lesson_set_up_in_one_line(tmp_path):
     """CUDA_VISIBLE_DEVICES="" with SLURM's GPU variables on a node with NVIDIA devices (made
     here as files): the set-up stops before joining any group."""
@@ -436,7 +434,7 @@ def test_hidden_gpus_stop_the_lesson_set_up_in_one_line(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 def test_the_set_up_without_linux_only_calls():
     """As on an instructor's macOS laptop: no os.sched_getaffinity, no /proc to read."""
     code = """

@@ -37,7 +37,7 @@ PICK = (
 )
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("distribution", ["block", "cyclic"])
 @pytest.mark.parametrize(
     "gpus",
@@ -63,7 +63,7 @@ def test_each_rank_drives_its_own_gpu(cluster, srun, gpus, distribution):
 HOSTS = "node2\nnode2\nnode1\nnode1\n"
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_lesson01_with_task0_on_the_second_node(cluster, srun, tmp_path):
     hosts = tmp_path / "hosts"
     hosts.write_text(HOSTS)
@@ -78,7 +78,7 @@ def test_lesson01_with_task0_on_the_second_node(cluster, srun, tmp_path):
     assert "all 4 ranks hold the expected sum" in out.splitlines(), out
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(800)
 def test_lesson03_job_with_task0_on_the_second_node(cluster, sbatch_wait, tmp_path):
     """The whole job script under --distribution=arbitrary, as a site's user submits it."""
     hosts = tmp_path / "hosts"
@@ -95,7 +95,7 @@ def test_lesson03_job_with_task0_on_the_second_node(cluster, sbatch_wait, tmp_pa
     assert "world size 4 (2 node(s) x 2)" in result.output, result.output
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(800)
 def test_lesson03_job_with_its_batch_script_on_the_second_node(cluster, sbatch_wait, tmp_path):
     """``sbatch --batch=<features>`` runs the batch script on a node with those features, not
     necessarily the job's first (slurmctld's pick_batch_host); they must be among the job's

@@ -56,7 +56,7 @@ def test_lessons_under_pyxis(cluster, tmp_path, profile):
     hosts.write_text(HOSTS)
     arbitrary = {"SLURM_HOSTFILE": str(hosts)}
     with site(profile):
-        _, probed = submit_job(tmp_path, probe, env=arbitrary, timeout=60,
+        _, probed = submit_job(tmp_path, probe, env=arbitrary, timeout=120,
                                sbatch_args=["--distribution=arbitrary"])  # fmt: skip
         status01, out01 = submit_job(tmp_path, LESSON01 / "job.sh", timeout=240)
         # one srun task per rank, task 0 on node2
@@ -100,7 +100,7 @@ srun --het-group=0,1 {python} {script}
 """
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_lesson01_in_a_heterogeneous_job(cluster, tmp_path):
     """``#SBATCH hetjob``, component 0 on node2: srun --het-group=0,1 runs one step over both.
     With SLURM_NODEID read as the index into SLURM_STEP_NODELIST, node2's two tasks took node1's

@@ -53,7 +53,7 @@ def left_in(root):
     return sorted(os.listdir(root))
 
 
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(840)
 def test_two_jobs_on_the_same_nodes_stage_apart_and_leave_nothing(data_ready, cluster,
                                                                   shared_tmp, tmp_path):
     outs = [tmp_path / "a.out", tmp_path / "b.out"]
@@ -78,7 +78,7 @@ def test_two_jobs_on_the_same_nodes_stage_apart_and_leave_nothing(data_ready, cl
     assert left_in(shared_tmp) == [], texts
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_cancelled_job_leaves_nothing(data_ready, cluster, shared_tmp, tmp_path):
     out = tmp_path / "c.out"
 
@@ -92,7 +92,7 @@ def test_cancelled_job_leaves_nothing(data_ready, cluster, shared_tmp, tmp_path)
             folder = shared_tmp / f"mnist-files-{job}"
             assert folder.is_dir() and (folder.stat().st_mode & 0o777) == 0o700, log()
             slurm("scancel", job)
-            state, _, _ = wait_job(job, timeout=60)
+            state, _, _ = wait_job(job, timeout=120)
         finally:
             slurm("scancel", job)
     assert state == "CANCELLED", log()
