@@ -1,0 +1,226 @@
+"""The READMEs' commands, table by table: which class each falls into and why.
+
+A command is found by its text as a student types it (tests/readme_commands.py reads them).
+``QUICK``: run as written by ``make test-readme`` (tests/test_readme_commands.py), each checked by
+what its README quotes of its output (tests/readme_output.py). ``AS_WRITTEN_BY``: run or
+submitted as written by another test, in its lane; tests/confirm_readme.py confirms each from the
+records of a run (tests/records.py). ``NOT_RUN``: why not, and the test that runs the same with
+what it needs. Marks (``# GPU only``...) skip the rest.
+"""
+
+# Marks (a comment at the end of a line, or a block's first line for all of its commands).
+GPU_ONLY = "GPU only"
+OTHER_SITE = "at your site"
+INSIDE_JOB = "inside a job"
+JOB_SCRIPT = "in the job script"  # a block's first line only
+MARKS = (GPU_ONLY, OTHER_SITE, INSIDE_JOB)
+SKIPPED = {GPU_ONLY: "GPU only", OTHER_SITE: "needs another site", JOB_SCRIPT: "job script lines"}
+
+IPYKERNEL = ('.venv/bin/python -m ipykernel install --user --name slurm-ddp-course '
+             '--display-name "Python (slurm-ddp-course)"')
+
+# Commands that finish in seconds, run as written: command -> expected exit status.
+QUICK = {
+    "source .venv/bin/activate": 0,
+    "srun --nodes 2 --ntasks-per-node 2 python -m common.env": 0,
+    "wc -l lessons/03_ddp_mnist/train.py $(sed -n 's|^from common\\.\\([a-z_]*\\) import.*|"
+    "common/\\1.py|p' lessons/03_ddp_mnist/train.py)": 0,
+    "sinfo": 0,
+    "scontrol show node node2 | grep -E 'State|Reason'": 0,
+    "tail -n 50 /var/lib/course-cluster/log/slurmd-node2.log": 0,
+    "tail -n 50 /var/lib/course-cluster/log/slurmctld.log": 0,
+    "salloc --nodes=2 --ntasks-per-node=1 --time=1 bash -c 'echo \"allocation $SLURM_JOB_ID: "
+    "$SLURM_JOB_NODELIST\"; srun bash lessons/00_slurm_basics/whoami.sh'": 0,
+    "srun --ntasks=3 bash lessons/00_slurm_basics/whoami.sh": 0,
+    'sinfo -o "%P %N %G %f %c %m"': 0,
+    # The lesson shows both refused: "allocation failure".
+    "sbatch --test-only --gres=gpu:a100:2 --wrap=true": 1,
+    "sbatch --test-only --constraint=a100 --wrap=true": 1,
+    "python lessons/01_hello_allreduce/spawn_warmup.py --nprocs 2 --steps 3": 0,
+    # The lesson shows the failure's exit status with echo, so the line itself ends with 0.
+    'python lessons/01_hello_allreduce/hello_allreduce.py --nprocs 2 --break-rank 1; '
+    'echo "exit $?"': 0,
+    'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 python -m common.sysinfo': 0,
+    "python -m common.mnist_prepare": 0,
+    "python lessons/08_data_pipeline/mnist_files.py": 0,
+    # About 20 s: an epoch of 4,096 images, then the whole test set.
+    "python lessons/03_ddp_mnist/train.py --epochs 1 --train-subset 4096": 0,
+    # About 13 s of training.
+    "torchrun --standalone --nproc-per-node 2 lessons/04_torchrun_enroot/train.py": 0,
+    # Writes the kernel where JUPYTER_DATA_DIR says: a temporary folder here (QUICK_TMP_ENV).
+    IPYKERNEL: 0,
+    # About 10 s: three estimates, nothing allocated.
+    "python lessons/10_fit_and_keep/fit.py": 0,
+}
+
+# Commands that write outside the course: the variable that moves that place, set to a temporary
+# folder for the run.
+QUICK_TMP_ENV = {IPYKERNEL: "JUPYTER_DATA_DIR"}
+
+CRASHED = ("tests/test_lesson05.py::"
+           "test_crashed_rank_restarted_then_faulty_node_named_then_excluded")
+FSDP_JOB = "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1"
+UP_DOWN = "tests/test_cluster.py::test_up_is_idempotent_and_down_leaves_nothing"
+
+# Commands that a test under tests/ runs or submits as written: command -> that test (file::
+# function, or a file for all of its tests). A job may be shortened there by the variables its
+# script's header offers for that (SHORTER), nothing else. Not run by the README test: skipped,
+# naming the test and its lane; tests/confirm_readme.py finds the run in that test's records.
+AS_WRITTEN_BY = {
+    "make demo": "tests/test_demo.py::test_make_demo",
+    "sbatch lessons/00_slurm_basics/busy.sh":
+        "tests/test_lesson00.py::test_busy_job_overlap_step_and_scancel",
+    "sbatch lessons/01_hello_allreduce/job.sh":
+        "tests/test_lesson01.py::test_job_script_on_local_cluster",
+    "sbatch lessons/01_hello_allreduce/by_hand.sh":
+        "tests/test_lesson01.py::test_by_hand_job_on_local_cluster",
+    "sbatch lessons/01_hello_allreduce/job_task_per_gpu.sh":
+        "tests/test_lesson01.py::test_job_script_on_local_cluster",
+    "sbatch lessons/02_launch_vs_srun/launch_nproc2.sh":
+        "tests/test_lesson02.py::test_job_script_on_local_cluster",
+    "sbatch lessons/02_launch_vs_srun/job.sh":
+        "tests/test_lesson02.py::test_job_script_on_local_cluster",
+    "sbatch lessons/03_ddp_mnist/job.sh": "tests/test_demo.py::test_make_demo",
+    "sbatch lessons/03_ddp_mnist/job.sh 1":
+        "tests/test_cluster_student.py::test_student_runs_lesson03_from_own_copy",
+    "CHECKPOINT=checkpoints/mine.pt sbatch lessons/03_ddp_mnist/job.sh":
+        "tests/test_cluster_student.py::test_student_runs_lesson03_readme_then_stops_and_resumes",
+    "SUBSET=2048 sbatch lessons/03_ddp_mnist/job.sh":
+        "tests/test_lesson03.py::test_quick_first_run_as_the_readme_types_it",
+    "sbatch lessons/04_torchrun_enroot/run_script.sh": "tests/test_lesson04.py::test_static_job",
+    "ENROOT_DRY_RUN=1 sbatch lessons/04_torchrun_enroot/run_script.sh":
+        "tests/test_lesson04.py::test_container_branch_prints_the_enroot_commands",
+    "sbatch lessons/04_torchrun_enroot/run_charliecloud.sh": "tests/test_lesson04_charliecloud.py::"
+        "test_torchrun_in_charliecloud_with_torch_only_in_the_image",
+    "sbatch lessons/05_fault_tolerance/requeue.sh":
+        "tests/test_lesson05.py::test_warning_then_preemption_then_resume",
+    "sbatch lessons/05_fault_tolerance/preempt.sh":
+        "tests/test_lesson05.py::test_warning_then_preemption_then_resume",
+    "sbatch lessons/05_fault_tolerance/chain.sh":
+        "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job",
+    "sbatch lessons/05_fault_tolerance/crash.sh 2 --crash-rank 3": CRASHED,
+    "sbatch lessons/05_fault_tolerance/crash.sh 1 --faulty-node node2 --crash-in-epoch 1": CRASHED,
+    "sbatch --nodes=1 --exclude=node2 lessons/05_fault_tolerance/crash.sh 1": CRASHED,
+    "sbatch lessons/07_fsdp_sharding/memory.sh":
+        "tests/test_lesson07.py::test_memory_job_runs_worlds_of_1_2_and_4",
+    "sbatch lessons/07_fsdp_sharding/job.sh": FSDP_JOB,
+    "sbatch lessons/08_data_pipeline/job.sh": "tests/test_site_profiles.py::test_shared_tmp_site",
+    "sbatch lessons/08_data_pipeline/scaling.sh":
+        "tests/test_lesson08.py::test_bench_probe_and_scaling_jobs_run",
+    "sbatch lessons/09_beyond_data_parallel/tp.sh": "tests/test_lesson09.py::test_tp_job",
+    "sbatch lessons/09_beyond_data_parallel/pp.sh": "tests/test_lesson09.py::test_pp_job",
+    "sbatch lessons/09_beyond_data_parallel/2d.sh":
+        "tests/test_lesson09.py::test_2d_job_and_a_tp_group_across_nodes",
+    "sbatch lessons/09_beyond_data_parallel/compare.sh": "tests/test_lesson09.py::test_compare_job",
+    "python lessons/10_fit_and_keep/fit.py --model llama3-8b --world 8,16,64 --bf16 "
+    "--gpu-mem 80GiB": "tests/test_lesson10.py::test_fit_answers_for_llama3_8b",
+    "sbatch lessons/10_fit_and_keep/fit.sh": "tests/test_lesson10.py::test_fit_job",
+    "sbatch lessons/10_fit_and_keep/keep.sh": "tests/test_lesson10.py::test_keep_job",
+    "sbatch lessons/10_fit_and_keep/reshard.sh": "tests/test_lesson10.py::test_reshard_job",
+}
+# Tests run through a make target: the test -> the target (its recipe's sbatch is the job).
+MAKE_TARGETS = {"tests/test_demo.py::test_make_demo": "demo"}
+
+# Why a command is not run at all here (its skip reason starts with one; summary() counts them).
+NEEDS_JOB = "needs a job id"
+NEEDS_ROOT = "needs root"
+LONG_RUN = "runs longer than a quick command"
+UNTIL_STOPPED = "runs until stopped"
+
+# Commands not run here nor as written by a test: command -> (why, what it is, the test that
+# runs the same with what it needs (a job, a temporary folder, fewer steps) or "").
+NOT_RUN = {
+    "make test": (LONG_RUN, "the whole suite, about 9 minutes: CI's first lane", ""),
+    ".venv/bin/jupyter lab lessons/": (UNTIL_STOPPED, "a server", ""),
+    "sudo bash cluster/up.sh": (NEEDS_ROOT, "restarts the shared cluster", UP_DOWN),
+    "sudo bash cluster/down.sh": (NEEDS_ROOT, "stops the shared cluster", UP_DOWN),
+    "scontrol update NodeName=node2 State=RESUME": (
+        NEEDS_ROOT, "changes a node of the shared cluster (root or SlurmUser)", ""),
+    "make container": (NEEDS_ROOT, "builds a 5.6 GB image; make test's setup runs it",
+                       "tests/test_lesson04_charliecloud.py::"
+                       "test_torchrun_in_charliecloud_with_torch_only_in_the_image"),
+    "sacct -j <jobid> --format=JobID,State,ExitCode,Elapsed,MaxRSS": (
+        NEEDS_JOB, "a finished job's", "tests/test_cluster_accounting.py::"
+        "test_sacct_lists_a_finished_job_and_its_steps"),
+    "srun --jobid=987 --overlap bash -c 'echo \"inside job $SLURM_JOB_ID, step $SLURM_STEP_ID, "
+    "on $(hostname)\"'": (NEEDS_JOB, "the one busy.sh got",
+                          "tests/test_lesson00.py::test_busy_job_overlap_step_and_scancel"),
+    "scancel 987": (NEEDS_JOB, "the one busy.sh got",
+                    "tests/test_lesson00.py::test_busy_job_overlap_step_and_scancel"),
+    "sweep=$(sbatch --parsable lessons/00_slurm_basics/sweep.sh)": (
+        NEEDS_JOB, "the next line's: an array job and its report",
+        "tests/test_lesson00.py::test_array_then_dependent_report"),
+    "sbatch --dependency=afterok:$sweep lessons/00_slurm_basics/report.sh $sweep": (
+        NEEDS_JOB, "the sweep's", "tests/test_lesson00.py::test_array_then_dependent_report"),
+    "scancel --signal=USR1 --batch <jobid>": (
+        NEEDS_JOB, "a running requeue.sh's or job.sh's", "tests/test_lesson05.py::"
+        f"test_warning_then_preemption_then_resume {FSDP_JOB}"),
+    "scontrol show job <jobid> | grep -E 'JobState|Restarts|EligibleTime'": (
+        NEEDS_JOB, "a requeued job's", "tests/test_lesson05.py::"
+        "test_warning_then_preemption_then_resume"),
+    "scontrol update JobId=<jobid> NumNodes=1 NumTasks=2 NumCPUs=8": (
+        NEEDS_JOB, "a requeued job's", FSDP_JOB),
+    "python lessons/07_fsdp_sharding/export.py checkpoints/fsdp-<jobid>": (
+        NEEDS_JOB, "a job's checkpoints",
+        "tests/test_lesson07.py::test_checkpoint_of_2_ranks_continues_on_3_and_on_1"),
+    "python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out --png again.png": (
+        NEEDS_JOB, "a scaling job's output",
+        "tests/test_lesson08.py::test_plot_scaling_reads_the_stored_study"),
+    "dep=()": (LONG_RUN, "a chain of three jobs, several minutes (with the next lines)",
+               "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job"),
+    'for link in 1 2 3; do\nid=$(sbatch --parsable --array="$link" "${dep[@]}" '
+    "--export=ALL,CHAIN=mnist lessons/05_fault_tolerance/chain.sh)\n"
+    'dep=(--dependency=afterany:"${id%%;*}")\ndone': (
+        LONG_RUN, "a chain of three jobs, several minutes",
+        "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job"),
+    "torchrun --standalone --nproc-per-node 2 lessons/03_ddp_mnist/train.py --epochs 1": (
+        LONG_RUN, "an epoch of 60,000 images, minutes here",
+        "tests/test_lesson03.py::test_carried_train_py_runs_under_torchrun"),
+    ".venv/bin/pytest tests/test_lesson04.py": (
+        LONG_RUN, "the lesson's tests, a few minutes of jobs", "tests/test_lesson04.py"),
+    "torchrun --standalone --nproc-per-node 2 "
+    "lessons/09_beyond_data_parallel/tp.py --steps 20": (
+        LONG_RUN, "20 steps of 2 processes",
+        "tests/test_lesson09.py::test_tp_on_one_rank_counts_no_collective_in_the_model"),
+    "torchrun --standalone --nproc-per-node 2 "
+    "lessons/09_beyond_data_parallel/pp.py --microbatches 2,4": (
+        LONG_RUN, "two pipeline schedules of 2 processes",
+        "tests/test_lesson09.py::"
+        "test_fewer_microbatches_than_stages_run_with_gpipe_and_interleaved"),
+    "torchrun --standalone --nproc-per-node 4 "
+    "lessons/09_beyond_data_parallel/compare.py --steps 3 --forms fsdp2": (
+        LONG_RUN, "one form of 4 processes", "tests/test_lesson09.py::test_compare_job"),
+    "python lessons/10_fit_and_keep/fit.py --model llama3-8b --world 8,16,64 --bf16 --ac "
+    "--gpu-mem 80GiB": (LONG_RUN, "about 100 s on 2 cores",
+                        "tests/test_lesson10.py::test_fit_answers_for_llama3_8b"),
+    "python lessons/10_fit_and_keep/keep.py --check checkpoints/keep-<jobid>": (
+        NEEDS_JOB, "a keep.sh job's checkpoint", "tests/test_lesson10.py::test_keep_job"),
+    "torchrun --standalone --nproc-per-node 2 lessons/10_fit_and_keep/step.py --model tiny --ac": (
+        LONG_RUN, "2 processes, about 15 s",
+        "tests/test_lesson10.py::test_activation_checkpointing_same_numbers_fewer_activations"),
+}
+
+
+# What a test may set besides a command's own variables, and still run it as written: the
+# suite's settings (COURSE_*: timeouts, paths for the local cluster), and where a shell finds the
+# course, its venv and its data (a login-like environment for a student's copy).
+HARNESS_ENV = ("COURSE_",)
+HARNESS_NAMES = frozenset({"PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "USER", "LOGNAME", "LANG",
+                           "MNIST_DIR", "OMP_NUM_THREADS", "JUPYTER_DATA_DIR"})
+# The variables a script's header offers for a shorter run of the same job (fewer steps, fewer
+# cases), besides its arguments: a test may set them and still submit the README's command.
+SHORTER = {
+    "lessons/03_ddp_mnist/job.sh": ("SUBSET",),
+    "lessons/05_fault_tolerance/requeue.sh": ("SUBSET",),
+    "lessons/05_fault_tolerance/chain.sh": ("SUBSET",),
+    "lessons/05_fault_tolerance/crash.sh": ("SUBSET",),
+    "lessons/07_fsdp_sharding/job.sh": ("SUBSET",),
+    "lessons/08_data_pipeline/scaling.sh": ("MODES", "SHAPES", "STEPS"),
+    "lessons/09_beyond_data_parallel/tp.sh": ("STEPS",),
+    "lessons/09_beyond_data_parallel/pp.sh": ("MICROBATCHES", "STEPS"),
+    "lessons/09_beyond_data_parallel/2d.sh": ("STEPS",),
+    "lessons/09_beyond_data_parallel/compare.sh": ("STEPS",),
+    "lessons/10_fit_and_keep/fit.sh": ("MODEL", "AC"),
+    "lessons/10_fit_and_keep/keep.sh": ("MODEL",),
+}
+

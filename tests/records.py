@@ -1,0 +1,187 @@
+"""What a test run started, as it ran: the evidence that a README's command was run as written.
+
+tests/conftest.py calls ``install()`` once per pytest process (pytest's own and each xdist
+worker) and ``outcome()`` for each phase's report. From then on every process that a test starts
+through ``subprocess`` (``run``, ``Popen``, ``check_output``: sbatch, srun, salloc, make, python,
+torchrun, ``runuser ... sbatch``) is recorded by ``subprocess.Popen`` itself, and the real
+process still runs: nothing is replaced. A line of JSON per event, appended to a file of this
+process's own under ``COURSE_RECORDS_DIR`` (default ``runs/records`` in the course root; CI
+gives each cluster's lanes theirs, as it does the lock logs):
+
+* ``start``: ``n`` (this file's count), ``test`` (pytest's id, an xdist group's ``@name``
+  dropped), ``phase`` (setup, call or teardown), ``argv``, ``cwd``, ``set`` (the variables the
+  process gets that differ from this pytest's environment when the session began: what the
+  test set, ``NAME=value`` in front of a command) and ``unset`` (the names it took away);
+* ``end``: ``n``, ``status`` (the exit status as Popen gives it);
+* ``job_id``: ``n``, ``job`` (what an ``sbatch`` printed: ``--parsable``'s id or "Submitted
+  batch job N");
+* ``job``: ``job``, ``state``, ``status`` (how a job the test waited for ended:
+  ``common.jobwait.wait``, which every job wait of the suite goes through);
+* ``outcome``: ``test``, ``phase``, ``outcome`` (passed, failed, skipped).
+
+tests/confirm_readme.py reads them. Processes started outside a test (collection, xdist's own)
+are not recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import re
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDS_ENV = "COURSE_RECORDS_DIR"
+DEFAULT_DIR = ROOT / "runs" / "records"
+_IGNORED_ENV = ("PYTEST_",)  # pytest's own per-test variables
+
+_lock = threading.Lock()
+_state: dict = {"file": None, "n": 0, "base": None}
+
+
+def records_dir() -> Path:
+    return Path(os.environ.get(RECORDS_ENV) or DEFAULT_DIR)
+
+
+def current_test() -> tuple[str, str] | None:
+    """(test id, phase) of the test this process runs now, from PYTEST_CURRENT_TEST."""
+    current = os.environ.get("PYTEST_CURRENT_TEST")
+    if not current or not current.endswith(")"):
+        return None
+    nodeid, _, phase = current[:-1].rpartition(" (")
+    return test_id(nodeid), phase
+
+
+def test_id(nodeid: str) -> str:
+    """pytest's id without the ``@group`` that xdist's loadgroup adds."""
+    return re.sub(r"@[^\[\]/]*$", "", nodeid)
+
+
+def write(event: str, **fields) -> None:
+    line = json.dumps({"event": event, **fields}, default=str) + "\n"
+    with _lock:
+        if _state["file"] is None:
+            folder = records_dir()
+            folder.mkdir(parents=True, exist_ok=True)
+            name = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{os.urandom(3).hex()}.jsonl"
+            _state["file"] = open(folder / name, "a", buffering=1)  # noqa: SIM115
+        _state["file"].write(line)
+
+
+def _text(value) -> str:
+    return os.fsdecode(value) if isinstance(value, (bytes, os.PathLike)) else str(value)
+
+
+def _argv(args, shell: bool) -> list[str]:
+    if isinstance(args, (str, bytes, os.PathLike)):
+        return ["/bin/sh", "-c", _text(args)] if shell else [_text(args)]
+    argv = [_text(a) for a in args]
+    return ["/bin/sh", "-c", *argv] if shell else argv
+
+
+def _environment(env) -> tuple[dict[str, str], list[str]]:
+    """(set, unset) of ENV (None: this process's own) against the session's first environment."""
+    base = _state["base"] or {}
+    now = {_text(k): _text(v) for k, v in (os.environ if env is None else env).items()}
+    changed = {k: v for k, v in now.items()
+               if base.get(k) != v and not k.startswith(_IGNORED_ENV)}  # fmt: skip
+    return changed, sorted(k for k in base if k not in now and not k.startswith(_IGNORED_ENV))
+
+
+_SIGNATURE = inspect.signature(subprocess.Popen.__init__)
+_JOB_ID = re.compile(r"(?m)^(?:Submitted batch job )?(\d+)(?:;\S*)?\s*$")
+
+
+def _wrap_popen() -> None:
+    original_init = subprocess.Popen.__init__
+    original_wait, original_poll = subprocess.Popen.wait, subprocess.Popen.poll
+    original_communicate = subprocess.Popen.communicate
+
+    @functools.wraps(original_init)
+    def __init__(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        test = current_test()
+        if test is None:
+            return
+        bound = _SIGNATURE.bind(self, *args, **kwargs).arguments
+        argv = _argv(bound["args"], bool(bound.get("shell")))
+        cwd = _text(bound["cwd"]) if bound.get("cwd") is not None else os.getcwd()
+        changed, unset = _environment(bound.get("env"))
+        with _lock:
+            _state["n"] += 1
+            self._course_record = _state["n"]
+        write("start", n=self._course_record, test=test[0], phase=test[1], argv=argv,
+              cwd=os.path.abspath(cwd), set=changed, unset=unset, pid=self.pid, time=time.time())
+
+    def _ended(self) -> None:
+        n = getattr(self, "_course_record", None)
+        if n and self.returncode is not None and not getattr(self, "_course_ended", False):
+            self._course_ended = True
+            write("end", n=n, status=self.returncode, time=time.time())
+
+    @functools.wraps(original_wait)
+    def wait(self, *args, **kwargs):
+        try:
+            return original_wait(self, *args, **kwargs)
+        finally:
+            _ended(self)
+
+    @functools.wraps(original_poll)
+    def poll(self):
+        try:
+            return original_poll(self)
+        finally:
+            _ended(self)
+
+    @functools.wraps(original_communicate)
+    def communicate(self, *args, **kwargs):
+        out, err = original_communicate(self, *args, **kwargs)
+        n = getattr(self, "_course_record", None)
+        if n and out and "sbatch" in {Path(a).name for a in _argv(self.args, False)}:
+            found = _JOB_ID.search(_text(out) if not isinstance(out, bytes) else out.decode())
+            if found:
+                write("job_id", n=n, job=found[1])
+        return out, err
+
+    subprocess.Popen.__init__ = __init__
+    subprocess.Popen.wait, subprocess.Popen.poll = wait, poll
+    subprocess.Popen.communicate = communicate
+
+
+def _wrap_jobwait() -> None:
+    from common import jobwait
+
+    original = jobwait.wait
+
+    @functools.wraps(original)
+    def wait(job_id, *args, **kwargs):
+        end = original(job_id, *args, **kwargs)
+        test = current_test()
+        write("job", job=str(job_id), state=end.state, status=end.status,
+              test=test[0] if test else None, time=time.time())
+        return end
+
+    jobwait.wait = wait
+
+
+def install() -> None:
+    """Record from now on (once per process): the environment now is the one a test's
+    variables are measured against."""
+    if _state["base"] is not None:
+        return
+    # A pytest run by a test inherits that test's name: its own start is not that test's.
+    os.environ.pop("PYTEST_CURRENT_TEST", None)
+    _state["base"] = dict(os.environ)
+    _wrap_popen()
+    _wrap_jobwait()
+
+
+def outcome(report) -> None:
+    """A phase's report (pytest_runtest_makereport): how the test ended."""
+    write("outcome", test=test_id(report.nodeid), phase=report.when, outcome=report.outcome,
+          time=time.time())
