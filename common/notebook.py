@@ -428,6 +428,17 @@ def plot_layouts(layouts: Mapping[str, list[dict] | str], gpus_per_node: int = 2
                     color="white",
                 )
     _show(fig)
+    # The same in words: a picture is not compared by nbval, this text is.
+    for title, procs in layouts.items():
+        if isinstance(procs, str):
+            print(f"{title}\n  stops: {procs}")
+            continue
+        hosts = list(dict.fromkeys(_host(p) for p in procs))
+        print(title)
+        for host in hosts:
+            ranks = sorted((p["local_rank"], p["rank"]) for p in procs if _host(p) == host)
+            print(f"  {host}: " + ", ".join(f"local {lr} = rank {r}" for lr, r in ranks)
+                  + f" (world {procs[0]['world_size']}, {procs[0]['launcher']})")
 
 
 def _host(proc: dict) -> str:
