@@ -243,12 +243,14 @@ course_on_stop() {
     if [[ -n $course_srun_pid ]]; then kill -USR1 "$course_srun_pid" 2>/dev/null || true; fi
 }
 
-# course_job_state: the job's state as slurmctld reports it now (scontrol show job's JobState),
-# empty if it cannot be asked.
+# course_job_state: the job's state and restart count as slurmctld reports them now (scontrol
+# show job's JobState and Restarts), e.g. "RUNNING 0"; empty if it cannot be asked.
 course_job_state() {
     local line
     line=$(scontrol show job -o "$SLURM_JOB_ID" 2>/dev/null) || return 0
-    [[ $line =~ JobState=([A-Z_]+) ]] && echo "${BASH_REMATCH[1]}"
+    [[ $line =~ JobState=([A-Z_]+) ]] || return 0
+    local state=${BASH_REMATCH[1]}
+    [[ $line =~ Restarts=([0-9]+) ]] && echo "$state ${BASH_REMATCH[1]}"
     return 0
 }
 
@@ -267,6 +269,15 @@ course_job_state() {
 #   Slurm would still accept the requeue of such a job (_job_requeue_op: "we support requeue of
 #   done/exit/exiting jobs"), and a cancelled job would come back and run again. So the state is
 #   asked first, and only RUNNING is requeued.
+# - Slurm may have requeued the job itself (a preemption with no grace time left, a node failure,
+#   an administrator's `scontrol requeue`): _job_requeue_op counts the restart at once and leaves
+#   the job PENDING and COMPLETING, which scontrol also shows as JobState=COMPLETING. Its Restarts
+#   is then above SLURM_RESTART_COUNT, the count this run started with: the job comes back by
+#   itself, and nothing is to be done (a resubmitted copy would train on the same checkpoint).
+# - `scontrol requeue Incomplete` requeues the job only while slurmctld, under its own lock, still
+#   finds it incomplete (running, suspended): a cancel that lands between the state check and the
+#   requeue then wins. It exits 0 either way (measured on 22.05, 24.11 and 26.05), so the
+#   restart count is read again to know which happened.
 # - A refused requeue (--no-requeue, JobRequeue=0, a site's job_submit plugin) must not end the
 #   job COMPLETED as if the training had finished: one line, and exit 75 (the job ends FAILED).
 # NEXT says what the requeued run will do ("resumes from <checkpoint>"); RESUME is the command
@@ -278,14 +289,24 @@ course_requeue_or_end() {
         status=75
     fi
     ((status == 75)) || return "$status"
-    state=$(course_job_state)
+    local started=${SLURM_RESTART_COUNT:-0} restarts
+    read -r state restarts <<<"$(course_job_state)"
+    if [[ -n $state && $state != RUNNING ]] && ((restarts > started)); then
+        echo "=== $(date -u '+%T') job $SLURM_JOB_ID was requeued by Slurm itself (Restarts=$restarts: a preemption, a node failure or an administrator's scontrol requeue): saved; it $next when Slurm starts it again. Nothing to do: squeue -j $SLURM_JOB_ID shows it pending"
+        exit 0
+    fi
     if [[ -n $state && $state != RUNNING ]]; then
         echo "=== $(date -u '+%T') job $SLURM_JOB_ID is ending (JobState=$state: cancelled with scancel, or at its time limit): saved, not requeued. To go on later: $resume"
         exit 75
     fi
     echo "=== $(date -u '+%T') requeueing job $SLURM_JOB_ID${COURSE_SIGNALLED:+ (after SIG$COURSE_SIGNALLED)}; it $next"
-    if ! said=$(scontrol requeue "$SLURM_JOB_ID" 2>&1); then
+    if ! said=$(scontrol requeue Incomplete "$SLURM_JOB_ID" 2>&1); then
         echo "error: scontrol requeue $SLURM_JOB_ID was refused (${said//$'\n'/ }): the job ends here, not requeued. The checkpoint is kept: resume it with $resume" >&2
+        exit 75
+    fi
+    read -r state restarts <<<"$(course_job_state)"
+    if [[ -n $restarts ]] && ((restarts <= started)); then
+        echo "=== $(date -u '+%T') job $SLURM_JOB_ID ended before Slurm took the requeue (JobState=$state: cancelled meanwhile, or at its time limit): saved, not requeued. To go on later: $resume"
         exit 75
     fi
     exit 0
