@@ -567,37 +567,48 @@ def agent_launcher(ancestors: Sequence[str] | None = None) -> str | None:
 
 
 # A process of an srun step is in the step's cgroup whatever its environment holds: cgroup v1
-# ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  The
+# ".../job_<id>/step_<n>/...", v2 ".../slurmstepd.scope/job_<id>/step_<n>/user/task_<t>".  From
+# Slurm 26.05 on, cgroup/v2 names the job by its SLUID instead (CHANGELOG; cgroup.conf(5)
+# CgroupJobIdPaths, default no, brings the job id back): "s" and 13 Crockford base32 digits
+# (src/common/sluid.c: sluid2str), ".../slurmstepd.scope/sEKNKTV3WPV500/step_0/user/task_0".  The
 # batch script is in step_batch, salloc's shell in step_interactive; without task/cgroup, or in
 # a container with its own cgroup namespace, there is no such line: no sign either way.
-_STEP_CGROUP = re.compile(r"/job_([0-9]+)/step_([0-9]+)(?:/|$)")
+_STEP_CGROUP = re.compile(r"/(?:job_([0-9]+)|(s[0-9A-HJKMNP-TV-Z]{13}))/step_([0-9]+)(?:/|$)")
+PROC_CGROUP = "/proc/self/cgroup"
 
 
 def slurm_step_of_cgroup(proc_cgroup: str) -> tuple[str, str] | None:
-    """(job id, step id) of the srun step whose cgroup /proc/self/cgroup names, or None."""
+    """(job, step id) of the srun step whose cgroup /proc/self/cgroup names, or None; the job is
+    its id, or its SLUID where cgroup/v2 names no id (Slurm 26.05)."""
     for line in proc_cgroup.splitlines():
         m = _STEP_CGROUP.search(line.split(":", 2)[-1])
         if m:
-            return m[1], m[2]
+            return m[1] or m[2], m[3]
     return None
 
 
-def check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | None) -> None:
+def check_slurm_variables_kept(environ: Mapping[str, str], proc_cgroup: str | None,
+                               cgroup_file: str = PROC_CGROUP) -> None:  # fmt: skip
     """An srun task that lost every SLURM_* variable (``apptainer exec --cleanenv``, ``env -i``)
-    would train alone as rank 0 of 1: say so instead (unless RANK/WORLD_SIZE say who it is)."""
+    would train alone as rank 0 of 1: say so instead (unless RANK/WORLD_SIZE say who it is).
+    ``proc_cgroup``: the text of ``cgroup_file`` (read here when None)."""
     launcher_vars = ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
     if any(name.startswith("SLURM_") or name in launcher_vars for name in environ):
         return
     if proc_cgroup is None:
         try:
-            with open("/proc/self/cgroup") as f:
+            with open(cgroup_file) as f:
                 proc_cgroup = f.read()
         except OSError:
             return
     found = slurm_step_of_cgroup(proc_cgroup)
     if found:
+        job, step = found
+        where = (f"Slurm step {job}.{step} ({cgroup_file})" if job.isdigit() else
+                 f"step {step} of the Slurm job with SLUID {job} ({cgroup_file}, which names "
+                 f"no job id)")  # fmt: skip
         raise LaunchError(
-            f"this process runs in Slurm step {found[0]}.{found[1]} (/proc/self/cgroup) but has "
+            f"this process runs in {where} but has "
             f"no SLURM_* variable, so every task would train alone as rank 0 of 1: something "
             f"between srun and Python cleared the environment (apptainer/singularity exec "
             f"--cleanenv or --containall, env -i). Drop that option, or pass the variables in "
@@ -681,14 +692,21 @@ def check_cuda_usable(environ: Mapping[str, str] | None = None,
 
     import torch  # the caller has imported it already
 
+    environ = os.environ if environ is None else environ
     gpus = gpus_on_node(environ)
     devices = sorted(glob.glob(nvidia_glob or NVIDIA_DEVICE_GLOB)) if gpus else []
     if not devices:
         return
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if torch.version.cuda is not None and visible is not None and not visible.strip():
+        raise LaunchError(
+            f"SLURM gave this node {gpus} GPU(s) (SLURM_GPUS_ON_NODE) but this task's "
+            f"CUDA_VISIBLE_DEVICES is empty, so torch sees none: the task was given no GPU (its "
+            f"srun step asked for none, or the script emptied it). Ask srun for them "
+            f"(--gpus-per-task=1, --gres=gpu:N), or do not set CUDA_VISIBLE_DEVICES=''.")
     if torch.version.cuda is None:
-        why = (f"this is a CPU-only build of torch: install the CUDA build (pip install "
-               f"torch=={torch.__version__.split('+')[0]} --index-url "
-               f"https://download.pytorch.org/whl/cu<version>, see README.md).")  # fmt: skip
+        fix = cpu_build_fix(torch.__version__, _installed("torchvision"), platform.machine())
+        why = f"this is a CPU-only build of torch: install a CUDA build over it: {fix}"
     else:
         why = ("inside a container, start it with its GPUs (apptainer --nv, enroot/pyxis with the "
                "NVIDIA hook; a Charliecloud image needs the driver's libraries copied in once: "
@@ -716,6 +734,49 @@ TORCH_CUDA_BUILDS = {
     "aarch64": (("cu126", 525, (80, 90)),
                 ("cu130", 580, (80, 90, 100, 110, 120))),
 }  # fmt: skip
+
+
+def _installed(name: str) -> str | None:
+    """The version of the installed distribution ``name``, None if it is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def cuda_build_install(tag: str, torch_version: str, torchvision: str | None = None,
+                       python: str | None = None) -> str:  # fmt: skip
+    """The command that puts torch's ``tag`` build (cu126) into this Python's environment
+    (``python``, default this interpreter), each version pinned with its label:
+    torch==2.14.1+cu126.  A plain ==2.14.1 does nothing there, since the 2.14.1 already installed
+    (PyPI's, or a +cpu build) satisfies it ("Requirement already satisfied"), and
+    --force-reinstall would download every nvidia-* package of the build too."""
+    pins = [f"torch=={torch_version.split('+')[0]}+{tag}"]
+    if torchvision:
+        pins.append(f"torchvision=={torchvision.split('+')[0]}+{tag}")
+    return (f"{python or sys.executable} -m pip install {' '.join(pins)} --index-url "
+            f"https://download.pytorch.org/whl/{tag}")
+
+
+def cpu_build_fix(torch_version: str, torchvision: str | None, machine: str,
+                  python: str | None = None) -> str:  # fmt: skip
+    """What check_cuda_usable tells a CPU-only build of torch (2.14.1+cpu) to install: the CUDA
+    builds of its release for this host (:data:`TORCH_CUDA_BUILDS`), newest first."""
+    base = torch_version.split("+")[0]
+    if ".".join(base.split(".")[:2]) != TORCH_CUDA_BUILDS_RELEASE:
+        return (f"torch=={base}+cu<version> with --index-url https://download.pytorch.org/whl/"
+                f"cu<version>, the label pinned (pytorch.org's install selector lists the "
+                f"builds).")  # fmt: skip
+    table = TORCH_CUDA_BUILDS.get(machine, TORCH_CUDA_BUILDS["x86_64"])
+    (old, old_driver, old_codes), (new, driver, codes) = table[0], table[-1]
+    return (f"{cuda_build_install(new, torch_version, torchvision, python)} (driver {driver} or "
+            f"newer, sm_{codes[0]} to sm_{codes[-1]}; for an older driver or GPU the same with "
+            f"{old}, driver {old_driver}, sm_{old_codes[0]} to sm_{old_codes[-1]}: README.md, "
+            f"\"On a real cluster\").")
+
+
 # Integrated GPUs (Jetson 5.3, 6.2, 7.2, 8.7; Thor 10.1, renamed 11.0): a discrete GPU's cubin of
 # the same major does not run there, nor theirs elsewhere (torch's DEVICE_REQUIREMENT).  From CUDA
 # 13.2 on, sm_70/80/86 cubins run on Jetson too (DEVICE_REQUIREMENT_POST_JETSON_SBSA_UNIFICATION).
@@ -754,7 +815,8 @@ def _cuda_tuple(version: str | None) -> tuple[int, ...]:
 
 def cuda_arch_error(name: str, capability: tuple[int, int], arch_list: Sequence[str], *,
                     torch_version: str, cuda: str | None, machine: str = "x86_64",
-                    torchvision: str | None = None, index: int = 0) -> str | None:  # fmt: skip
+                    torchvision: str | None = None, index: int = 0,
+                    python: str | None = None) -> str | None:  # fmt: skip
     """The one line that stops a rank whose GPU this torch has no kernels for, else None.  Its
     inputs are what torch reports (``get_device_name``, ``get_device_capability``,
     ``get_arch_list``, ``__version__``, ``version.cuda``), so every GPU can be tried without one.
@@ -766,7 +828,6 @@ def cuda_arch_error(name: str, capability: tuple[int, int], arch_list: Sequence[
         return None
     base = torch_version.split("+")[0]
     release = ".".join(base.split(".")[:2])
-    pins = f"torch=={base}" + (f" torchvision=={torchvision.split('+')[0]}" if torchvision else "")
     table = TORCH_CUDA_BUILDS.get(machine, TORCH_CUDA_BUILDS["x86_64"])
     builds = [(tag, driver, codes) for tag, driver, codes in table
               if any(arch_runs_on(f"sm_{code}", cc) for code in codes)]  # fmt: skip
@@ -776,9 +837,9 @@ def cuda_arch_error(name: str, capability: tuple[int, int], arch_list: Sequence[
     elif builds:
         tag, driver, codes = builds[0]
         runs = " ".join(f"sm_{c}" for c in codes if arch_runs_on(f"sm_{c}", cc))
+        command = cuda_build_install(tag, base, torchvision, python)
         fix = (f"install the {tag} build of torch {release}, which has {runs} kernels and "
-               f"needs driver {driver} or newer: pip install {pins} --index-url "
-               f"https://download.pytorch.org/whl/{tag} (README.md, \"On a real cluster\").")
+               f"needs driver {driver} or newer: {command} (README.md, \"On a real cluster\").")
     else:
         spans = ", ".join(f"{tag}: sm_{codes[0]} to sm_{codes[-1]}" for tag, _, codes in table)
         fix = (f"no CUDA build of torch {release} has kernels for it ({spans}): use an older "
@@ -795,7 +856,6 @@ def check_cuda_arch(index: int) -> None:
     there (``_check_capability``, several lines at CUDA's first use), and every rank then dies at
     its first kernel or NCCL call.  Called by ``cuda_device_index``."""
     import warnings
-    from importlib import metadata
 
     import torch  # the caller has imported it already
 
@@ -809,13 +869,9 @@ def check_cuda_arch(index: int) -> None:
     with warnings.catch_warnings(record=True) as held:
         capability = torch.cuda.get_device_capability(index)
         name = torch.cuda.get_device_name(index)
-    try:
-        torchvision = metadata.version("torchvision")
-    except metadata.PackageNotFoundError:
-        torchvision = None
     error = cuda_arch_error(name, capability, torch.cuda.get_arch_list(),
                             torch_version=torch.__version__, cuda=torch.version.cuda,
-                            machine=platform.machine(), torchvision=torchvision,
+                            machine=platform.machine(), torchvision=_installed("torchvision"),
                             index=index)  # fmt: skip
     if error:
         raise LaunchError(error)

@@ -121,8 +121,8 @@ def test_the_line_for_each_gpu(name, capability, arch_list, build, runs_with):
     assert f"it was built for {' '.join(arch_list)} (torch.cuda.get_arch_list())" in line, line
     assert "\n" not in line
     if build:
-        assert (f"pip install torch==2.14.1 torchvision==0.29.1 --index-url "
-                f"https://download.pytorch.org/whl/{build} ") in line, line
+        assert (f"{sys.executable} -m pip install torch==2.14.1+{build} torchvision==0.29.1+"
+                f"{build} --index-url https://download.pytorch.org/whl/{build} ") in line, line
         assert f"which has {runs_with} kernels and needs driver 525 or newer" in line, line
     else:
         assert "no CUDA build of torch 2.14 has kernels for it" in line, line

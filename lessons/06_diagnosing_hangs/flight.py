@@ -54,15 +54,15 @@ def recorder_settings() -> str:
     return prefix
 
 
-def dump_flight_recorder(prefix: str, rank: int) -> str:
-    """Write this process's flight recorder to <prefix><rank>, the name NCCL's dump on timeout
-    uses and the analyser reads (rank = what follows the prefix: flight_recorder/components/
-    loader.py:33). The call is torch's: _dump_fr_trace returns the record as pickled
-    bytes, the gloo counterpart of the _dump_nccl_trace that the flight recorder tutorial
-    documents; with its stacks (the default) it takes a second or two."""
-    path = f"{prefix}{rank}"
+def dump_flight_recorder(prefix: str, rank: int, backend: str | None = None) -> str:
+    """Write BACKEND's (default: the group's) flight recorder to <prefix><rank>, pickled, as NCCL's
+    dump on timeout names it (flight_recorder/components/loader.py:33). torch keeps one recorder
+    per event type (torch/include/torch/csrc/distributed/c10d/FlightRecorder.hpp: get): NCCL's is
+    read by dump_nccl_trace (ProcessGroupNCCL.hpp), gloo's by dump_fr_trace (FlightRecorder.hpp)."""
+    c10d, path = torch._C._distributed_c10d, f"{prefix}{rank}"
+    nccl = (backend or dist.get_backend()) == "nccl"
     with open(path, "wb") as f:
-        f.write(torch._C._distributed_c10d._dump_fr_trace())
+        f.write((c10d._dump_nccl_trace if nccl else c10d._dump_fr_trace)())
     return path
 
 
