@@ -38,7 +38,15 @@ CONFIGS = {
 }
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention, k and v with fewer heads than q (grouped-query). torch picks the kernel
+    by device and dtype; fit.py swaps in the one a GPU would run, to count what it keeps."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
 class Attention(nn.Module):
+    attend = staticmethod(attend)
+
     def __init__(self, c: Config):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = c.heads, c.kv_heads, c.dim // c.heads
@@ -52,7 +60,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.wk(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.wv(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        out = self.attend(q, k, v)
         return self.wo(out.transpose(1, 2).reshape(b, t, -1))
 
 

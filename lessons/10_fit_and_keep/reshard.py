@@ -49,19 +49,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "09_beyond_data_
 from tinylm import TinyLM, batch, corpus, loss_fn  # noqa: E402
 from tp import shard_2d, sum_partial_grads  # noqa: E402
 
+sys.path.insert(1, str(Path(__file__).resolve().parent))
+from fit import count, parse_or_why  # noqa: E402  (the lesson's one-line refusal of --tp 0)
+
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tensors, on rank 0
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], exit_on_error=False)
     p.add_argument("stage", help="save (the 2-D run), resume (FSDP2) or plain (one process)")
     p.add_argument("dir", help="the checkpoint folder: a folder every rank sees")
-    p.add_argument("--tp", type=int, help="save: ranks per tp group (default: tasks per node)")
-    return p.parse_args(argv)
+    p.add_argument("--tp", type=count("--tp", "ranks per tp group", "tasks per node"),
+                   help="save: ranks per tp group (default: tasks per node)")  # fmt: skip
+    return parse_or_why(p, argv)  # a refused value: args.why (main says it)
 
 
 def check_args(args, world: int | None) -> str:
     """Why the arguments cannot be run, in one line; empty when they can."""
+    if args.why:
+        return args.why
     if args.stage not in ("save", "resume", "plain"):
         return f"{args.stage} is not a stage: pass save, resume or plain (then the folder)"
     if args.stage != "save" and not (Path(args.dir) / "dcp" / ".metadata").is_file():
@@ -69,7 +75,7 @@ def check_args(args, world: int | None) -> str:
                 f"{args.dir}` with the ranks of a job first (reshard.sh)")  # fmt: skip
     if args.stage == "save" and world is not None:
         tp = args.tp
-        if tp < 1 or world % tp or world // tp < 2:
+        if world % tp or world // tp < 2:
             return (f"--tp {tp} on {world} ranks: save runs on a (dp, tp) mesh, dp = world / tp "
                     f"of 2 or more; pass a --tp that divides {world}, at most {world // 2}")
     return ""
@@ -184,7 +190,7 @@ def plain(args) -> bool:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.stage != "save":  # resume needs a checkpoint; plain is one process, no group
+    if args.why or args.stage != "save":  # resume needs a checkpoint; plain: one process
         if why := check_args(args, None):
             print(f"error: {why}", file=sys.stderr, flush=True)
             return 2

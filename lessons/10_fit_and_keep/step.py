@@ -37,33 +37,36 @@ from common.env import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fit import DEFAULT_BATCH, MIB, build, estimate  # noqa: E402
+from fit import DEFAULT_BATCH, MIB, build, count, estimate, parse_or_why  # noqa: E402
 from model import CONFIGS, loss_fn, random_batch  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], exit_on_error=False)
     p.add_argument("--model", default="lesson", help=f"one of {', '.join(CONFIGS)}")
-    p.add_argument("--batch", type=int, help="sequences per rank (default: the model's)")
-    p.add_argument("--seq-len", type=int, help="tokens per sequence (default: the model's)")
+    p.add_argument("--batch", type=count("--batch", "sequences per rank", "the model's"),
+                   help="sequences per rank (default: the model's)")  # fmt: skip
+    p.add_argument("--seq-len", type=count("--seq-len", "tokens per sequence", "the model's"),
+                   help="tokens per sequence (default: the model's)")  # fmt: skip
     p.add_argument("--ac", action="store_true", help="activation checkpointing per block")
-    return p.parse_args(argv)
+    return parse_or_why(p, argv)  # a refused value: args.why, said by rank 0 (main)
 
 
 def check_args(args) -> str:
     """Why the arguments cannot be run, in one line; empty when they can."""
+    if args.why:
+        return args.why
     if args.model not in CONFIGS:
         return f"--model {args.model} is not one of {', '.join(CONFIGS)}: pass e.g. --model tiny"
     if args.model == "llama3-8b":
         return ("--model llama3-8b does not fit this machine (fit.py says how many GPUs it "
                 "needs): pass --model lesson or tiny")  # fmt: skip
     batch, seq_len = DEFAULT_BATCH[args.model]
-    args.batch = args.batch or batch
-    args.seq_len = args.seq_len or seq_len
+    args.batch = batch if args.batch is None else args.batch
+    args.seq_len = seq_len if args.seq_len is None else args.seq_len
     limit = CONFIGS[args.model].seq_len
-    if args.batch < 1 or not 1 <= args.seq_len <= limit:
-        return (f"--batch {args.batch} --seq-len {args.seq_len}: pass a batch of 1 or more and "
-                f"a --seq-len from 1 to {limit}")  # fmt: skip
+    if args.seq_len > limit:
+        return f"--seq-len {args.seq_len}: pass a --seq-len from 1 to {limit}"
     return ""
 
 
