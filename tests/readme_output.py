@@ -148,7 +148,8 @@ def _lines(pattern: str, count: int | None = None):
         wrong = [line for line in lines if not re.fullmatch(pattern, line)]
         if count is not None and len(lines) != count:
             wrong.append(f"{len(lines)} lines, not {count}")
-        return [f"not {pattern!r}: {w}" for w in wrong[:5]] or ([] if lines else ["nothing"])
+        return [f"not {pattern!r}: {w}" for w in wrong[:5]] or (
+            [] if lines or count == 0 else ["nothing"])
     return check
 
 

@@ -74,3 +74,14 @@ def test_a_trailing_comment_is_a_line_of_the_output(state, ok):
     out = (f"PARTITION AVAIL  TIMELIMIT  NODES  STATE NODELIST\n"
            f"local*       up   infinite      2   {state} node[1-2]\n")
     assert (check_output(sinfo, out, "") == []) == ok
+
+
+def test_what_a_command_does_where_its_readme_quotes_nothing():
+    activate = QUICK["source .venv/bin/activate"]
+    assert check_output(activate, "", "") == []
+    assert check_output(activate, "", "bash: .venv/bin/activate: No such file or directory\n")
+    prepare = QUICK["python -m common.mnist_prepare"]
+    ready = "MNIST is ready in /x/data/mnist/MNIST/raw (4 files, MD5 verified)\n"
+    assert check_output(prepare, ready, "") == []
+    assert check_output(prepare, ready.replace("4 files", "3 files"), "")
+    assert check_output(prepare, ready + "Traceback (most recent call last):\n", "")
