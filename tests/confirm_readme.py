@@ -121,8 +121,9 @@ def _program(word: str) -> str:
 
 def typed(argv: list[str], given: dict[str, str], cwd: str) -> list[tuple[dict, list[str]]]:
     """The commands a process ran as a student would type them: (variables, words), wrappers
-    (runuser, env, sudo, setsid, timeout) taken off, ``bash -c LINE`` read as LINE's commands."""
-    env, words = dict(given), list(argv)
+    (runuser, env, sudo, setsid, timeout) taken off, ``bash -c LINE`` read as LINE's commands;
+    ``salloc OPTIONS CMD`` is itself and CMD (a command typed ``# inside a job``)."""
+    env, words, found = dict(given), list(argv), []
     while words:
         name = Path(words[0]).name
         if name == "runuser" and "--" in words:
@@ -142,15 +143,20 @@ def typed(argv: list[str], given: dict[str, str], cwd: str) -> list[tuple[dict, 
             words = words[1:]
         elif name == "timeout" and len(words) > 2:
             words = [w for w in words[1:] if not w.startswith("-")][1:]
+        elif name == "salloc" and len(words) > 1:
+            found.append((env, [name, *words[1:]]))
+            words = words[1:]
+            while words and words[0].startswith("-"):
+                words = words[1:]
         else:
             break
     if words[:2] in (["bash", "-c"], ["sh", "-c"], ["/bin/sh", "-c"], ["/bin/bash", "-c"]) \
             and len(words) > 2:
-        return [(env, ["<line>", words[2]])] + [
+        return [*found, (env, ["<line>", words[2]])] + [
             (env | line_env, line_words) for line_env, line_words in _line_commands(words[2])]
     if not words:
-        return []
-    return [(env, [_program(words[0]), *(_relative(w, cwd) for w in words[1:])])]
+        return found
+    return [*found, (env, [_program(words[0]), *(_relative(w, cwd) for w in words[1:])])]
 
 
 def _line_commands(line: str) -> list[tuple[dict, list[str]]]:

@@ -119,6 +119,10 @@ def test_commands_are_compared_as_typed():
     assert same_command(fit, env, words) == ""
     ((env, words),) = typed([*run[:3], "tiny", "--world", "1"], {}, "/tmp")
     assert same_command(fit, env, words) == "other words"
+    sysinfo = 'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 python -m common.sysinfo'
+    inside = typed(["salloc", "--nodes=2", "--time=2", "bash", "-c", sysinfo], {}, str(ROOT))
+    assert [words[0] for _, words in inside] == ["salloc", "<line>", "srun"]
+    assert same_command(sysinfo, *inside[1]) == "" == same_command(sysinfo, *inside[2])
     line = 'CHECKPOINT=c.pt sbatch lessons/03_ddp_mnist/job.sh; echo "exit $?"'
     typed_line = typed(["bash", "-c", line], {}, str(ROOT))
     assert typed_line[0] == ({}, ["<line>", line])
