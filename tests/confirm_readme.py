@@ -19,6 +19,7 @@ runs it last, on both clusters' records.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import sys
@@ -107,7 +108,7 @@ def _relative(word: str, cwd: str) -> str:
     for base in (ROOT, Path(cwd)):
         try:
             return path.resolve().relative_to(base.resolve()).as_posix()
-        except ValueError:
+        except (ValueError, OSError):  # not under it, or not a path at all ("-c" code)
             continue
     return word
 
@@ -289,8 +290,6 @@ def run_as_written() -> list[Command]:
 
 
 def main(argv: list[str]) -> int:
-    import os
-
     if any(a.startswith("-") for a in argv):
         print(__doc__.split("\n\n")[0], file=sys.stderr)
         return 2
