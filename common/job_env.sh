@@ -241,6 +241,22 @@ course_on_stop() {
     COURSE_SIGNALLED=$1
     echo "=== $(date -u '+%T') got SIG$1: asking the training to checkpoint and stop"
     if [[ -n $course_srun_pid ]]; then kill -USR1 "$course_srun_pid" 2>/dev/null || true; fi
+    # Said here, at the signal: a job Slurm requeued itself has only KillWait left before SIGKILL,
+    # which may not outlast srun's own end (course_requeue_or_end, below, says why it matters).
+    course_requeued_by_slurm || true
+}
+
+# course_requeued_by_slurm: has Slurm requeued this job itself (its Restarts above the
+# SLURM_RESTART_COUNT this run started with)? If so, say it once and return 0.
+course_requeued_by_slurm() {
+    [[ -n ${COURSE_REQUEUED_BY_SLURM:-} ]] && return 0
+    local state restarts
+    read -r state restarts <<<"$(course_job_state)"
+    if [[ -z $state || $state == RUNNING ]] || ((restarts <= ${SLURM_RESTART_COUNT:-0})); then
+        return 1
+    fi
+    COURSE_REQUEUED_BY_SLURM=$restarts
+    echo "=== $(date -u '+%T') job $SLURM_JOB_ID was requeued by Slurm itself (Restarts=$restarts: a preemption, a node failure or an administrator's scontrol requeue): the training saves, and the requeued run resumes from its checkpoint. Nothing to do: squeue -j $SLURM_JOB_ID shows it pending"
 }
 
 # course_job_state: the job's state and restart count as slurmctld reports them now (scontrol
@@ -289,12 +305,9 @@ course_requeue_or_end() {
         status=75
     fi
     ((status == 75)) || return "$status"
+    course_requeued_by_slurm && exit 0
     local started=${SLURM_RESTART_COUNT:-0} restarts
     read -r state restarts <<<"$(course_job_state)"
-    if [[ -n $state && $state != RUNNING ]] && ((restarts > started)); then
-        echo "=== $(date -u '+%T') job $SLURM_JOB_ID was requeued by Slurm itself (Restarts=$restarts: a preemption, a node failure or an administrator's scontrol requeue): saved; it $next when Slurm starts it again. Nothing to do: squeue -j $SLURM_JOB_ID shows it pending"
-        exit 0
-    fi
     if [[ -n $state && $state != RUNNING ]]; then
         echo "=== $(date -u '+%T') job $SLURM_JOB_ID is ending (JobState=$state: cancelled with scancel, or at its time limit): saved, not requeued. To go on later: $resume"
         exit 75
