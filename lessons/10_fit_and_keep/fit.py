@@ -10,13 +10,11 @@ reduce-scatter buffers, and keeps the snapshot at the peak. For N ranks the proc
 torch's "fake" one (a single process that calls itself rank 0 of N; its collectives do
 nothing), so `fully_shard` shards as it would on N GPUs.
 
-Tensors are fake, but each runs the kernel its device picks, and kernels differ in what they
-keep for the backward: on the CPU nn.RMSNorm keeps fp32 copies of its rows that CUDA's fused
-kernel does not. FSDP2 cannot run on fake CUDA tensors without a GPU (fully_shard asks the driver
-for the device and makes streams), and attention there falls to the math path; so `--kernels
-cuda` keeps the CPU device and stands in CUDA's own operators for RMSNorm and attention, which
-keep what they keep on a GPU. The lesson's rows stay on the CPU's kernels: they are what step.py
-measures here.
+Fake tensors run the kernels their device picks: on the CPU nn.RMSNorm keeps fp32 copies that
+CUDA's fused kernel does not. Without a GPU, FSDP2 cannot run on fake CUDA tensors (fully_shard
+asks the driver for streams) and attention there falls to the math path: `--kernels cuda` keeps
+the CPU device and stands in CUDA's own operators for RMSNorm and attention. The lesson's rows
+stay on the CPU's kernels: they are what step.py measures here.
 
     python lessons/10_fit_and_keep/fit.py                                  # the lesson's model
     python lessons/10_fit_and_keep/fit.py --model llama3-8b --world 8,16,64 --bf16 \
