@@ -8,7 +8,8 @@ and that test passed. The comparison is of the command as typed: ``python`` for 
 interpreter, paths relative to the course root (or to the course copy the test ran in), ``env``,
 ``runuser`` and ``bash -c`` unwrapped, sbatch's options that only say where the output goes left
 out, and of the variables besides the command's own only the harness's (HARNESS_ENV,
-HARNESS_NAMES) and those the job script's header offers for a shorter run (SHORTER). A README
+HARNESS_NAMES), those the job script's header offers for a shorter run (SHORTER) and those that
+only say where its files are (WHERE). A README
 job run through a make target is confirmed by the test's ``make TARGET`` and the target's recipe.
 
 Prints what it confirmed and what it could not (and why, with the closest process the test
@@ -29,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: the tests' modules
 
 from readme_commands import Command, all_commands, classify, job_of, make_recipe_jobs  # noqa: E402
-from readme_tables import AS_WRITTEN_BY, HARNESS_ENV, HARNESS_NAMES, MAKE_TARGETS, SHORTER  # noqa: E402
+from readme_tables import AS_WRITTEN_BY, HARNESS_ENV, HARNESS_NAMES, MAKE_TARGETS, SHORTER, WHERE  # noqa: E402, E501
 from records import DEFAULT_DIR, RECORDS_ENV  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,7 +191,8 @@ def readme_typed(text: str) -> tuple[dict, list[str]]:
 
 
 def _extra_allowed(name: str, script: str | None) -> bool:
-    return name.startswith(HARNESS_ENV) or name in HARNESS_NAMES or name in SHORTER.get(script, ())
+    return (name.startswith(HARNESS_ENV) or name in HARNESS_NAMES
+            or name in SHORTER.get(script, ()) or name in WHERE.get(script, ()))
 
 
 def same_command(text: str, env: dict, words: list[str]) -> str:

@@ -224,3 +224,9 @@ SHORTER = {
     "lessons/10_fit_and_keep/keep.sh": ("MODEL",),
 }
 
+
+# Variables that only say where a job's files are, as sbatch's --output does: its logs, the
+# site's own configuration (a stand-in file here, where the local cluster has none).
+WHERE = {
+    "lessons/04_torchrun_enroot/run_script.sh": ("TORCHRUN_LOG_ROOT", "ENROOT_CONF_FILE"),
+}
