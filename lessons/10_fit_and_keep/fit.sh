@@ -28,8 +28,8 @@ source "$COURSE_ROOT/common/job_env.sh"
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) on $SLURM_JOB_NODELIST: $SLURM_NNODES node(s) x $SLURM_NTASKS_PER_NODE tasks"
 # Each step is a world of its own: its tasks find rank 0 and the port from the step's own
-# SLURM_STEP_* variables (common/env.py), one step after the other.
-eval "$(python -m common.env --export)"
+# SLURM_STEP_* variables (common/env.py), one step after the other. So nothing here exports
+# MASTER_ADDR: the job's first node is not where a one-node step has to run.
 case ${AC:-both} in
     both) acs=(off on) ;;
     off | on) acs=("$AC") ;;
