@@ -62,7 +62,7 @@ version_at_least() {
 }
 # While a version from a root runs, its client commands (sbatch, srun, ...) are small scripts in
 # CLIENT_DIR, which comes before /usr/bin on PATH: each runs that root's program with the root's
-# own loader and libraries (see write_clients in up.sh). down.sh and a 22.05 up.sh remove them.
+# own loader and libraries (see write_clients in up_config.sh). down.sh and a 22.05 up.sh remove them.
 CLIENT_DIR=/usr/local/bin
 CLIENT_MARK="# course-cluster: Slurm client"
 SLURM_CLIENTS="sacct sacctmgr salloc sattach sbatch sbcast scancel scontrol sdiag sinfo sprio squeue sreport srun sshare sstat strigger"
