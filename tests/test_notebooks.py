@@ -76,6 +76,48 @@ def _show_code_calls(source: str):
             yield [ast.literal_eval(arg) for arg in node.args]
 
 
+COMPARED = "# NBVAL_CHECK_OUTPUT"
+NOT_COMPARED = "# not compared: "
+
+
+def uncompared_cells(nb) -> list[str]:
+    """The code cells that nbval (--nbval-lax) does not compare and that do not say why."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        lines = cell.source.splitlines()
+        if COMPARED in lines or any(line.startswith(NOT_COMPARED) for line in lines):
+            continue
+        found.append(f"cell {cell.id} ({lines[0][:50] if lines else 'empty'!r})")
+    return found
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
+def test_every_cell_is_compared_or_says_why_not(path):
+    # nbval --nbval-lax compares only the cells marked NBVAL_CHECK_OUTPUT: a new cell is
+    # compared unless its author writes down why it cannot be (a measurement, a figure).
+    missing = uncompared_cells(_read(path))
+    assert not missing, (
+        f"{path.relative_to(ROOT)}: {'; '.join(missing)}: start the cell with {COMPARED!r}, or "
+        f"with {NOT_COMPARED!r} and the reason (tests/nbval_sanitize.cfg masks what a run "
+        f"measures)"
+    )
+
+
+def test_uncompared_cells_finds_an_unmarked_cell():
+    cells = [
+        nbformat.v4.new_code_cell(f"{COMPARED}\nprint(1)"),
+        nbformat.v4.new_code_cell(f"{NOT_COMPARED}a figure\nplot()"),
+        nbformat.v4.new_markdown_cell("text"),
+        nbformat.v4.new_code_cell("print(2)  # NBVAL_CHECK_OUTPUT is not a marker here"),
+    ]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    assert uncompared_cells(nb) == [
+        f"cell {cells[3].id} ('print(2)  # NBVAL_CHECK_OUTPUT is not a marker her')"
+    ]
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.parent.name)
 def test_shown_code_is_current(path):
     notebook.setup(ROOT)
