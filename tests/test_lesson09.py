@@ -233,7 +233,7 @@ def test_stored_compare_table():
 
 # --------------------------------------------------------------------------- stored outputs
 
-SAMPLE = re.compile(r"`((?:tp|pp|2d|compare)-\d+\.out)`")
+SAMPLE = re.compile(r"`((?:tp|pp|2d|2d-tp4|compare)-\d+\.out)`")
 BLOCK = re.compile(r"^```text\n(.*?)^```", re.S | re.M)
 
 
