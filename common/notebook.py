@@ -23,6 +23,7 @@ Checked by nbval (outputs of the cells marked ``# NBVAL_CHECK_OUTPUT``):
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import json
 import os
@@ -198,6 +199,23 @@ class Result:
         """The output was printed already; as a cell's last value, show nothing more."""
 
 
+def _descendants(pid: int) -> list[int]:
+    """The processes under PID, from /proc (Linux; elsewhere none are found)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 def run(
     command: str | Sequence[str],
     *,
@@ -232,8 +250,19 @@ def run(
     try:
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+        # torchrun starts its workers in sessions of their own: kill every descendant, not only
+        # the process group, or a stuck worker keeps the pipe open and the wait never ends.
+        for pid in [proc.pid, *_descendants(proc.pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        try:
+            output, _ = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.stdout.close()
+            proc.wait()
+            output = "(its output was lost: a process it started still held it)\n"
         if show:
             print(f"$ {shown}\n{output}")
         raise RuntimeError(f"{shown!r} did not finish within {timeout} s (killed)") from None

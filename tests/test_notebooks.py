@@ -205,3 +205,14 @@ def test_code_excerpt_of_shell_functions_takes_the_comment_above_and_the_closing
     assert code == "b() {\n    echo b\n}\n\n" + a
     with pytest.raises(ValueError, match="defines no c"):
         notebook.code_excerpt(script, "c")
+
+
+@pytest.mark.timeout(120)
+def test_run_kills_a_worker_in_its_own_session_at_its_timeout():
+    # As torchrun does: the command's child runs in a session of its own, holds the output pipe
+    # and does not end. The timeout must end it too, not wait on the pipe (a stuck lesson 08
+    # worker once held a notebook for 10 minutes).
+    child = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
+             "'import time; time.sleep(300)'], start_new_session=True); time.sleep(300)")
+    with pytest.raises(RuntimeError, match="did not finish within 2 s"):
+        notebook.run([sys.executable, "-c", child], timeout=2, show=False)
