@@ -29,14 +29,8 @@ from datetime import datetime
 
 import pytest
 from conftest import ROOT, job_record, slurm, slurm_version, wait_for, wait_job
+from test_lesson05_cancel import SCRIPTS  # the same two job scripts, run as there
 
-SCRIPTS = {
-    # lesson: (script, its arguments, the variable naming the checkpoint, file or folder)
-    "05": ("lessons/05_fault_tolerance/requeue.sh", ["1", "--log-every", "10"], "CHECKPOINT",
-           "ckpt.pt"),
-    "07": ("lessons/07_fsdp_sharding/job.sh", ["1", "--log-every", "10"], "CHECKPOINT_DIR",
-           "ckpt"),
-}  # fmt: skip
 RUNS_ON = {"05": (22, 5), "07": (26, 5)}
 # The first images of each set (SUBSET): enough steps left after the 10th for the requeue to land
 # while the first run still trains (lesson 05's steps take a tenth of lesson 07's).
