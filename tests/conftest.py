@@ -93,8 +93,8 @@ EVERY_SLURM = (
     "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job",
     # (both scripts share the stop rules of common/job_env.sh: lesson 07's job on every version)
     "tests/test_lesson05_cancel.py::test_plain_scancel_saves_and_the_job_stays_cancelled[07]",
-    "tests/test_lesson05_slurm_requeue.py::test_a_job_slurm_requeued_says_so_and_comes_back_once[07-",
-    "tests/test_lesson05_slurm_requeue.py::test_a_cancel_between_the_state_check_and_the_requeue_wins",
+    "tests/test_slurm_requeue.py::test_a_job_slurm_requeued_says_so_and_comes_back_once[07-",
+    "tests/test_slurm_requeue.py::test_a_cancel_between_the_state_check_and_the_requeue_wins",
     "tests/test_lesson06.py::test_wrong_interface",
     "tests/test_lesson06.py::test_world_size_exported_wrong",
     "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1",

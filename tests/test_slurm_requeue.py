@@ -20,6 +20,7 @@ scancel ... To go on later: ... sbatch ...").
 And the gap between the state check and the requeue: a cancel that lands there must win.
 `scontrol requeue Incomplete` leaves a job that is no longer running alone (it exits 0 either
 way: measured on the three versions), and the restart count read again says which happened.
+That test runs on every version (make test on 22.05, make test-slurm on 24.11 and 26.05).
 """
 
 import re
