@@ -157,7 +157,7 @@ TASK_REPORT = (
     ],
 )
 def test_srun_two_nodes_two_tasks_each(srun, gpu_args, gpus_on_node, task_gpus):
-    proc = srun("-N2", "--ntasks-per-node=2", *gpu_args, "bash", "-c", TASK_REPORT, timeout=60)
+    proc = srun("-N2", "--ntasks-per-node=2", *gpu_args, "bash", "-c", TASK_REPORT, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = parse_tasks(proc.stdout)
     assert sorted(tasks) == [0, 1, 2, 3], proc.stdout
@@ -173,7 +173,7 @@ def test_srun_two_nodes_two_tasks_each(srun, gpu_args, gpus_on_node, task_gpus):
 
 
 def test_more_gpus_than_a_node_has_is_refused(srun):
-    proc = srun("-N1", "--gres=gpu:3", "true", timeout=60)
+    proc = srun("-N1", "--gres=gpu:3", "true", timeout=120)
     assert proc.returncode != 0
     assert "Requested node configuration is not available" in proc.stderr, proc.stderr
 
@@ -263,7 +263,7 @@ def test_gloo_all_reduce_between_nodes(srun):
     env = {"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
     proc = srun(
         "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", PYTHON,
-        "tests/workers/cluster_allreduce.py", env=env, timeout=180,
+        "tests/workers/cluster_allreduce.py", env=env, timeout=360,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = sorted((json.loads(line) for line in proc.stdout.splitlines()), key=lambda r: r["rank"])
@@ -280,7 +280,7 @@ def test_nodes_are_separate_hosts_on_a_network(srun):
     with MASTER_ADDR=localhost, with and without common/'s check, is lesson 06's localhost.sh
     job: tests/test_lesson06.py::test_master_addr_localhost.)"""
     proc = srun("-N2", "--ntasks-per-node=1", PYTHON, "tests/workers/net_probe.py",
-                env={"PROBE_PORT": str(free_port())}, timeout=60)  # fmt: skip
+                env={"PROBE_PORT": str(free_port())}, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     node0, node1 = sorted((json.loads(line) for line in proc.stdout.splitlines()),
                           key=lambda r: r["node"])  # fmt: skip
@@ -324,7 +324,7 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
     with cluster_lock():
         try:
             up()
-            old_job = sbatch_wait(script, timeout=120).job_id
+            old_job = sbatch_wait(script, timeout=240).job_id
             before = recorded_daemons()
             proc = up()
             assert "already up" in proc.stderr, proc.stderr
@@ -350,14 +350,14 @@ def test_up_is_idempotent_and_down_leaves_nothing(cluster, cluster_lock, srun, s
             proc = up()
             assert "starting" in proc.stderr, proc.stderr
             assert {n: s[0] for n, s in nodes().items()} == {"node1": "idle", "node2": "idle"}
-            out = srun("-N2", "hostname", timeout=60)
+            out = srun("-N2", "hostname", timeout=120)
             assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
             # The accounting database kept the job, and job ids go on counting.
             # (State and exit code: a job that ends before slurmctld reported its start is stored
             # under the placeholder name "allocation".)
             acct = run("sacct", "-n", "-P", "-X", "-j", old_job, "--format=State,ExitCode")
             assert acct.stdout.split() == ["FAILED|4:0"], acct.stdout + acct.stderr
-            assert int(sbatch_wait(script, timeout=120).job_id) > int(old_job)
+            assert int(sbatch_wait(script, timeout=240).job_id) > int(old_job)
         finally:
             up()
 
@@ -380,7 +380,7 @@ def test_up_restarts_a_cluster_that_lost_a_daemon(cluster, cluster_lock, srun):
             os.kill(slurmd[-1], signal.SIGKILL)  # node2's slurmd dies
             proc = up()
             assert "starting" in proc.stderr, proc.stderr
-            out = srun("-N2", "hostname", timeout=60)
+            out = srun("-N2", "hostname", timeout=120)
             assert sorted(out.stdout.split()) == ["node1", "node2"], out.stderr
         finally:
             up()
@@ -393,7 +393,7 @@ def test_second_shape_three_nodes_one_gpu_then_default_again(cluster, cluster_lo
             up("--nodes", "3", "--gpus-per-node", "1", "--cpus-per-node", "8",
                "--mem-per-node", "16000")  # fmt: skip
             assert nodes() == {f"node{i}": ("idle", "gpu:1", 8, 16000) for i in (1, 2, 3)}
-            proc = srun("-N3", "--gres=gpu:1", "bash", "-c", TASK_REPORT, timeout=60)
+            proc = srun("-N3", "--gres=gpu:1", "bash", "-c", TASK_REPORT, timeout=120)
             assert proc.returncode == 0, proc.stderr
             tasks = parse_tasks(proc.stdout)
             assert [tasks[i]["host"] for i in sorted(tasks)] == ["node1", "node2", "node3"]

@@ -88,14 +88,14 @@ def test_sstat_reports_a_running_step(cluster, cluster_lock, tmp_path):
             assert rss, f"sstat never showed {job}.0 with its 200 MB: {proc.stdout}{proc.stderr}"
         finally:
             subprocess.run(["scancel", job], capture_output=True, timeout=30)
-            wait_job(job, timeout=120)
+            wait_job(job, timeout=240)
 
 
 def test_job_ids_increase_and_come_from_the_database(sbatch_wait, tmp_path):
     script = tmp_path / "t.sh"
     script.write_text("#!/bin/bash\ntrue\n")
-    first = sbatch_wait(script, timeout=120)
-    second = sbatch_wait(script, timeout=120)
+    first = sbatch_wait(script, timeout=240)
+    second = sbatch_wait(script, timeout=240)
     assert int(second.job_id) > int(first.job_id)
     config = slurm("scontrol", "show", "config")
     assert re.search(r"AccountingStorageType\s*=\s*accounting_storage/slurmdbd", config), config
@@ -105,7 +105,7 @@ def test_job_ids_increase_and_come_from_the_database(sbatch_wait, tmp_path):
 def test_mail_type_end_lands_in_the_users_mailbox(sbatch_wait, tmp_path):
     script = tmp_path / "mail.sh"
     script.write_text("#!/bin/bash\n#SBATCH --job-name=mail-test --mail-type=END\ntrue\n")
-    result = sbatch_wait(script, timeout=120)
+    result = sbatch_wait(script, timeout=240)
     assert result.returncode == 0, result.output
     box = MAIL_DIR / "root"
     text = ""

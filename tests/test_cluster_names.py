@@ -42,7 +42,7 @@ def free_port() -> int:
 
 @pytest.mark.timeout(240)
 def test_every_node_names_v4_mapped_addresses(srun):
-    proc = srun("-N2", "--ntasks-per-node=1", PYTHON, "-c", REVERSE, timeout=60)
+    proc = srun("-N2", "--ntasks-per-node=1", PYTHON, "-c", REVERSE, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]
     assert len(rows) == 2, proc.stdout
@@ -58,7 +58,7 @@ def test_two_node_gloo_job_prints_no_client_hostname_warning(srun):
     env = {"MASTER_PORT": str(free_port()), "PYTHONPATH": str(ROOT)}
     proc = srun(
         "-N2", "--ntasks-per-node=2", "--kill-on-bad-exit=1", PYTHON,
-        "tests/workers/cluster_allreduce.py", env=env, timeout=180,
+        "tests/workers/cluster_allreduce.py", env=env, timeout=360,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [json.loads(line) for line in proc.stdout.splitlines()]

@@ -74,13 +74,13 @@ def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp
         urgent = None
         try:
             wait_for("the victim's task to run", lambda: out.exists()
-                     and "task: running" in out.read_text(), 60)  # fmt: skip
+                     and "task: running" in out.read_text(), 120)  # fmt: skip
             urgent = slurm(
                 "sbatch", "--parsable", "--partition=urgent", "--nodes=1", "--nodelist=node1",
                 "--exclusive", f"--output={tmp_path}/urgent.out", "--wrap",
                 'echo "urgent job on $(hostname)"',
             ).split(";")[0].strip()  # fmt: skip
-            state, code, _ = wait_job(urgent, timeout=180)
+            state, code, _ = wait_job(urgent, timeout=360)
             assert (state, code) == ("COMPLETED", 0), (tmp_path / "urgent.out").read_text()
             assert (tmp_path / "urgent.out").read_text() == "urgent job on node1\n"
 
@@ -88,7 +88,7 @@ def test_urgent_job_preempts_and_requeues_a_local_job(cluster, cluster_lock, tmp
             # (cred_expire, 10 s here: cluster/slurm.conf.in) is over.
             restarts = restarts_after_a_kill_at_the_end_of_grace_time()
             wait_for("the victim's requeue", lambda: (r := job_record(victim))
-                     and int(r.get("Restarts", 0)) >= 1 and r, 90)  # fmt: skip
+                     and int(r.get("Restarts", 0)) >= 1 and r, 180)  # fmt: skip
             state, code, record = wait_job(victim, timeout=360)
         finally:
             for job in (victim, urgent):

@@ -123,7 +123,7 @@ def test_student_runs_lesson03_readme_then_stops_and_resumes(cluster_lock, cours
                 time.sleep(0.1)  # written by a rename: there whole, or not at all
         finally:
             subprocess.run(["scancel", first], capture_output=True, timeout=30)
-        state, _, _ = wait_job(first, timeout=120)
+        state, _, _ = wait_job(first, timeout=240)
     assert state == "CANCELLED", (course_copy / f"slurm-{first}.out").read_text()
     saved = load(ckpt)["epoch"]
     assert 1 <= saved < 3, saved

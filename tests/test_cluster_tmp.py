@@ -30,7 +30,7 @@ def test_a_file_written_to_tmp_on_node1_is_not_on_node2(srun):
             f'sleep 1; echo "$(hostname) tmp=$([[ -e /tmp/{name} ]] && echo yes || echo no) '
             f'shared=$([[ -e {shared} ]] && echo yes || echo no)"'
         )
-        proc = srun("--nodes=2", "--ntasks-per-node=1", "bash", "-c", script, timeout=60)
+        proc = srun("--nodes=2", "--ntasks-per-node=1", "bash", "-c", script, timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert sorted(proc.stdout.split("\n")[:2]) == [
             "node1 tmp=yes shared=yes",
@@ -54,7 +54,7 @@ def test_two_jobs_on_one_node_do_not_share_tmp(cluster):
             ).stdout.strip().split(";")[0]  # fmt: skip
             wait_for("the first job", lambda: subprocess.run(
                 ["squeue", "-h", "-j", first, "-o", "%T"], capture_output=True, text=True,
-                timeout=30).stdout.strip() == "RUNNING", 60)  # fmt: skip
+                timeout=30).stdout.strip() == "RUNNING", 120)  # fmt: skip
             second = subprocess.run(
                 ["srun", "--nodelist=node1", "--ntasks=1", "bash", "-c",
                  f"ls /tmp; [[ -e /tmp/{name} ]] && echo seen || echo private"],
@@ -67,4 +67,4 @@ def test_two_jobs_on_one_node_do_not_share_tmp(cluster):
     assert second.returncode == 0, second.stderr
     assert second.stdout.strip() == "private", second.stdout
     # The job's /tmp goes with the job.
-    wait_for("the first job's /tmp to go", lambda: not (NODE1_JOBS / first).exists(), 60)
+    wait_for("the first job's /tmp to go", lambda: not (NODE1_JOBS / first).exists(), 120)

@@ -69,7 +69,7 @@ def test_a_job_ended_by_a_signal_gives_1_as_sbatch_wait_does(cluster, cluster_lo
         assert job.isdigit(), waited.stdout + waited.stderr
         script = subprocess.run(["bash", "cluster/wait.sh", job], cwd=ROOT, capture_output=True,
                                 text=True, timeout=60, env=job_environ())  # fmt: skip
-        state, status, record = wait_job(job, timeout=60)
+        state, status, record = wait_job(job, timeout=120)
         notebook = job_state(job)
     assert record["ExitCode"] == "0:9" and state == "FAILED", record
     assert (tmp_path / f"{job}.out").read_text() == "about to be killed\n"

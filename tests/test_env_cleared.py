@@ -72,11 +72,11 @@ PYTHON = sys.executable
 @pytest.mark.timeout(240)
 def test_srun_env_i_is_one_clear_line(srun):
     cleared = srun("-N1", "-n1", "env", "-i", f"PYTHONPATH={ROOT}", PYTHON, "-m", "common.env",
-                   timeout=60)  # fmt: skip
+                   timeout=120)  # fmt: skip
     assert cleared.returncode != 0, cleared.stdout
     lines = [line for line in cleared.stderr.splitlines() if line.startswith("common.env:")]
     assert len(lines) == 1 and "no SLURM_* variable" in lines[0], cleared.stderr
     assert "Traceback" not in cleared.stderr
     kept = srun("-N1", "-n1", PYTHON, "-m", "common.env", env={"PYTHONPATH": str(ROOT)},
-                timeout=60)  # fmt: skip
+                timeout=120)  # fmt: skip
     assert kept.returncode == 0 and '"launcher": "slurm"' in kept.stdout, kept.stderr

@@ -146,7 +146,7 @@ def test_site_file_reaches_every_srun_task(sbatch_wait, tmp_path):
     script = tmp_path / "probe.sh"
     script.write_text(JOB)
     job = sbatch_wait(script, env={"COURSE_ROOT": str(ROOT), "COURSE_SITE_FILE": str(site)},
-                      timeout=150)  # fmt: skip
+                      timeout=300)  # fmt: skip
     assert job.returncode == 0, job.output + job.stderr
     said = sorted(re.findall(r"^\d+: (\S+) reached$", job.output, re.MULTILINE))
     assert said == ["node1", "node2"], job.output

@@ -178,7 +178,7 @@ def release_after_requeue(job_id, restarts):
     count is what tells: by the time a preempting job has ended, the requeued job may already
     run again, so its state may never be seen PENDING."""
     wait_for(f"requeue {restarts}", lambda: (r := job_record(job_id)) and
-             int(r.get("Restarts", 0)) >= restarts, 90)  # fmt: skip
+             int(r.get("Restarts", 0)) >= restarts, 180)  # fmt: skip
 
 
 # 110 steps: the two stops come at about steps 30 and 50-60, and the last run does the rest.
@@ -276,7 +276,7 @@ def test_stop_while_python_starts_is_requeued(cluster, cluster_lock, tmp_path):
             # Once both training processes exist (a step listed by squeue may not have started
             # its tasks yet, and a signal then reaches none), signal the tasks, not the batch
             # shell, as preemption does, while Python still imports torch.
-            wait_for("both training processes", lambda: len(training_pids(job)) >= 2, 180,
+            wait_for("both training processes", lambda: len(training_pids(job)) >= 2, 360,
                      poll=0.05)  # fmt: skip
             slurm("scancel", "--signal=TERM", job)
             release_after_requeue(job, 1)

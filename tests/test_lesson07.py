@@ -247,16 +247,17 @@ def test_job_saves_on_2_nodes_requeues_and_resumes_on_1(cluster, cluster_lock, t
                     env={"SUBSET": "6400"})  # fmt: skip
         other = None
         try:
-            wait_for("a progress line", lambda: "batch 50/" in log(), 120)
+            wait_for("a progress line", lambda: "batch 50/" in log(), 240)
             # Another user's job that wants node2 whole: it starts as soon as ours lets go.
             other = slurm("sbatch", "--parsable", "--nodelist=node2", "--exclusive",
                           "--output=/dev/null", "--wrap", "sleep 300")  # fmt: skip
             # 1. The time-limit warning, sent now (what --signal=B:USR1@120 sends before the end).
             slurm("scancel", "--signal=USR1", "--batch", job)
             wait_for("the requeue", lambda: (r := job_record(job)) and
-                     int(r.get("Restarts", 0)) >= 1 and r["JobState"] == "PENDING", 90)  # fmt: skip
+                     int(r.get("Restarts", 0)) >= 1 and r["JobState"] == "PENDING",
+                     180)  # fmt: skip
             wait_for("the other job on node2",
-                     lambda: (job_record(other) or {}).get("JobState") == "RUNNING", 60)
+                     lambda: (job_record(other) or {}).get("JobState") == "RUNNING", 120)
             # 2. Slurm kept the first run's 2 nodes x 2 tasks: shrink the waiting job.
             # A requeued job's node count: "2" (22.05) or min-max "2-2" (24.11).
             assert job_record(job)["NumNodes"] in ("2", "2-2"), job_record(job)
@@ -298,7 +299,7 @@ def test_memory_job_runs_worlds_of_1_2_and_4(cluster, cluster_lock, tmp_path):
 @pytest.mark.timeout(200)
 def test_job_refuses_bad_input_before_srun(cluster, cluster_lock, tmp_path):
     status, text = submit_job(tmp_path, LESSON / "job.sh", env={"EPOCHS": "two"},
-                          timeout=60)  # fmt: skip
+                          timeout=120)  # fmt: skip
     lines = text.strip().splitlines()
     assert status == 2 and len(lines) == 1, text
     assert lines[0].startswith("error: EPOCHS='two' is not a whole number of epochs >= 1"), text

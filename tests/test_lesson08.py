@@ -129,7 +129,7 @@ def test_plot_scaling_reads_the_stored_study(tmp_path):
 @pytest.mark.timeout(480)
 def test_job_sh_stages_the_folder_form_with_srun_and_trains(data, cluster, tmp_path):
     status, out = submit_job(tmp_path, LESSON / "job.sh", "--max-steps", "8", "--workers", "1",
-                             env={"FORM": "folder", "STAGE_WITH": "srun"}, timeout=180)  # fmt: skip
+                             env={"FORM": "folder", "STAGE_WITH": "srun"}, timeout=360)  # fmt: skip
     assert status == 0, out
     # The job's own folder on each node (named after the job), removed when it ends.
     staged = r"staged folder \(\d+ MB\) from .* to /tmp/mnist-files-(\d+) on 2 node\(s\) with srun"
@@ -144,7 +144,7 @@ def test_job_sh_stages_the_folder_form_with_srun_and_trains(data, cluster, tmp_p
 @pytest.mark.timeout(600)
 def test_bench_probe_and_scaling_jobs_run(data, cluster, tmp_path):
     status, out = submit_job(tmp_path, LESSON / "bench.sh", "--images", "256", "--workers", "0",
-                             env={"FORMS": "packed"}, timeout=180)  # fmt: skip
+                             env={"FORMS": "packed"}, timeout=360)  # fmt: skip
     assert status == 0, out
     assert re.search(r"SRUN_CPUS_PER_TASK=4 srun: 4 tasks refused", out), out
     assert "/dev/shm in this job:" in out, out

@@ -324,7 +324,7 @@ def test_two_hosts_with_gloo_on_loopback(two_hosts):
 def test_srun_preflight_on_the_cluster(srun):
     env = {"PYTHONPATH": str(ROOT), "PATH": clean_environ()["PATH"]}
     good = srun("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:2", "python", "-m",
-                "common.preflight", "--timeout", "10", env=env, timeout=150)  # fmt: skip
+                "common.preflight", "--timeout", "10", env=env, timeout=300)  # fmt: skip
     assert good.returncode == 0, good.stdout + good.stderr
     assert "4/4 tasks on 2 node(s) (node1,node2)" in good.stdout, good.stdout
     assert "gpus on node2: 2 task(s), SLURM_GPUS_ON_NODE=2" in good.stdout, good.stdout
@@ -334,7 +334,7 @@ def test_srun_preflight_on_the_cluster(srun):
 
     # One GPU for two tasks per node: named before any process group is made.
     short = srun("--nodes=2", "--ntasks-per-node=2", "--gres=gpu:1", "python", "-m",
-                 "common.preflight", "--timeout", "10", env=env, timeout=150)  # fmt: skip
+                 "common.preflight", "--timeout", "10", env=env, timeout=300)  # fmt: skip
     text = short.stdout + short.stderr
     assert short.returncode != 0, text
     lines = problem_lines(text)

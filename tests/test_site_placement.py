@@ -51,7 +51,7 @@ PICK = (
 )
 def test_each_rank_drives_its_own_gpu(cluster, srun, gpus, distribution):
     proc = srun("-N2", "--ntasks-per-node=2", f"--distribution={distribution}", *gpus,
-                sys.executable, "-c", PICK, env={"PYTHONPATH": str(ROOT)}, timeout=120)  # fmt: skip
+                sys.executable, "-c", PICK, env={"PYTHONPATH": str(ROOT)}, timeout=240)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tasks = [json.loads(line) for line in proc.stdout.splitlines()]
     assert sorted(t["rank"] for t in tasks) == [0, 1, 2, 3], proc.stdout
@@ -70,7 +70,7 @@ def test_lesson01_with_task0_on_the_second_node(cluster, srun, tmp_path):
     proc = srun("-n4", "--distribution=arbitrary", "--cpus-per-task=1", sys.executable,
                 "lessons/01_hello_allreduce/hello_allreduce.py",
                 env={"SLURM_HOSTFILE": str(hosts), "PYTHONPATH": str(ROOT)},
-                timeout=180)  # fmt: skip
+                timeout=360)  # fmt: skip
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "master node1:" in out, out  # the step's first host, where rank 0 runs

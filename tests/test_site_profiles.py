@@ -48,11 +48,11 @@ def test_export_none_site(cluster, tmp_path):
     env = {"COURSE_PROBE": "from the shell"}
     # The way a user meets it on any site (SBATCH_EXPORT=NONE in a login profile) gives a job
     # the same start as the site's default below: the lessons' runs there stand for both.
-    _, by_user = submit_job(tmp_path, probe, env={**env, "SBATCH_EXPORT": "NONE"}, timeout=120)
+    _, by_user = submit_job(tmp_path, probe, env={**env, "SBATCH_EXPORT": "NONE"}, timeout=240)
     with site("export-none"):
-        _, default = submit_job(tmp_path, probe, env=env, timeout=120)
+        _, default = submit_job(tmp_path, probe, env=env, timeout=240)
         _, explicit = submit_job(tmp_path, probe, env={**env, "SBATCH_EXPORT": "ALL"},
-                                 timeout=60)  # fmt: skip
+                                 timeout=120)  # fmt: skip
         status01, out01 = submit_job(tmp_path, ROOT / "lessons/01_hello_allreduce/job.sh",
                                      timeout=240)  # fmt: skip
         status03, out03 = submit_job(tmp_path, ROOT / "lessons/03_ddp_mnist/job.sh", "1",
@@ -83,11 +83,11 @@ def test_shared_tmp_site(cluster, tmp_path):
                       "echo $SLURM_JOB_ID\n")  # fmt: skip
     reader = tmp_path / "reader.sh"
     with site("shared-tmp"):
-        status, out = submit_job(tmp_path, writer, timeout=120)
+        status, out = submit_job(tmp_path, writer, timeout=240)
         job = out.strip()
         reader.write_text(f"#!/bin/bash\ncat /tmp/course-site-probe-{job}\n"
                           f"rm /tmp/course-site-probe-{job}\n")  # fmt: skip
-        _, seen = submit_job(tmp_path, reader, timeout=120)
+        _, seen = submit_job(tmp_path, reader, timeout=240)
         # Lesson 08's job as its README submits it: an epoch, the packed files staged with sbcast.
         status08, out08 = submit_job(tmp_path, ROOT / "lessons/08_data_pipeline/job.sh",
                                      timeout=300)  # fmt: skip
@@ -115,7 +115,7 @@ def test_rank0_elsewhere_site(cluster, tmp_path):
                      "srun bash -c 'echo $SLURM_PROCID $(hostname) $SLURM_NODEID' | sort\n")
     lesson01 = ROOT / "lessons/01_hello_allreduce"
     with site("rank0-elsewhere", "--slurm", "26.05"):
-        _, placed = submit_job(tmp_path, probe, timeout=120)
+        _, placed = submit_job(tmp_path, probe, timeout=240)
         runs01 = [submit_job(tmp_path, lesson01 / name, timeout=240)
                   for name in ("job.sh", "job_task_per_gpu.sh", "by_hand.sh")]  # fmt: skip
         status03, out03 = submit_job(tmp_path, ROOT / "lessons/03_ddp_mnist/job.sh", "1",

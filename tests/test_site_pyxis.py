@@ -56,7 +56,7 @@ def test_lessons_under_pyxis(cluster, tmp_path, profile):
     hosts.write_text(HOSTS)
     arbitrary = {"SLURM_HOSTFILE": str(hosts)}
     with site(profile):
-        _, probed = submit_job(tmp_path, probe, env=arbitrary, timeout=120,
+        _, probed = submit_job(tmp_path, probe, env=arbitrary, timeout=240,
                                sbatch_args=["--distribution=arbitrary"])  # fmt: skip
         status01, out01 = submit_job(tmp_path, LESSON01 / "job.sh", timeout=240)
         # one srun task per rank, task 0 on node2
@@ -109,7 +109,7 @@ def test_lesson01_in_a_heterogeneous_job(cluster, tmp_path):
     script.write_text(HET_JOB.format(python=sys.executable,
                                      script=LESSON01 / "hello_allreduce.py"))  # fmt: skip
     status, out = submit_job(tmp_path, script, env={"PYTHONPATH": str(ROOT),
-                             "COURSE_DIST_TIMEOUT": "60"}, timeout=200)  # fmt: skip
+                             "COURSE_DIST_TIMEOUT": "60"}, timeout=400)  # fmt: skip
     # What Slurm set: the sorted list, and node2's tasks counted as component 0's node 0.
     assert "task 0 on node2: SLURM_NODEID=0 SLURM_STEP_NODELIST=node[1-2] " \
            "SLURM_STEP_TASKS_PER_NODE=1,2" in out, out  # fmt: skip

@@ -62,7 +62,7 @@ def test_two_jobs_on_the_same_nodes_stage_apart_and_leave_nothing(data_ready, cl
         try:
             wait_for("both jobs running at once on the same nodes",
                      lambda: slurm("squeue", "-h", "-t", "R", "-j", ",".join(jobs), "-o", "%N")
-                     .split() == ["node[1-2]"] * 2, 120)  # fmt: skip
+                     .split() == ["node[1-2]"] * 2, 240)  # fmt: skip
             ends = [wait_job(job, timeout=300)[:2] for job in jobs]
         finally:
             slurm("scancel", *jobs)
@@ -88,11 +88,11 @@ def test_cancelled_job_leaves_nothing(data_ready, cluster, shared_tmp, tmp_path)
     with cluster_lock():
         job = submit(out, shared_tmp, "--max-steps", "100000", "--workers", "1")
         try:
-            wait_for("the job's first training line", lambda: "data packed from" in log(), 180)
+            wait_for("the job's first training line", lambda: "data packed from" in log(), 360)
             folder = shared_tmp / f"mnist-files-{job}"
             assert folder.is_dir() and (folder.stat().st_mode & 0o777) == 0o700, log()
             slurm("scancel", job)
-            state, _, _ = wait_job(job, timeout=120)
+            state, _, _ = wait_job(job, timeout=240)
         finally:
             slurm("scancel", job)
     assert state == "CANCELLED", log()
