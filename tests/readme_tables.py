@@ -205,8 +205,12 @@ NOT_RUN = {
 # suite's settings (COURSE_*: timeouts, paths for the local cluster), and where a shell finds the
 # course, its venv and its data (a login-like environment for a student's copy).
 HARNESS_ENV = ("COURSE_",)
+# TORCHINDUCTOR_CACHE_DIR: torch's inductor writes the cache folder it picked into os.environ of
+# the process that first asks for it (torch/_inductor/runtime/cache_dir_utils.py, cache_dir()), so
+# every later process of that pytest worker carries it; no test sets it.
 HARNESS_NAMES = frozenset({"PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "USER", "LOGNAME", "LANG",
-                           "MNIST_DIR", "OMP_NUM_THREADS", "JUPYTER_DATA_DIR"})
+                           "MNIST_DIR", "OMP_NUM_THREADS", "JUPYTER_DATA_DIR",
+                           "TORCHINDUCTOR_CACHE_DIR"})
 # The variables a script's header offers for a shorter run of the same job (fewer steps, fewer
 # cases), besides its arguments: a test may set them and still submit the README's command.
 SHORTER = {
@@ -229,4 +233,5 @@ SHORTER = {
 # site's own configuration (a stand-in file here, where the local cluster has none).
 WHERE = {
     "lessons/04_torchrun_enroot/run_script.sh": ("TORCHRUN_LOG_ROOT", "ENROOT_CONF_FILE"),
+    "lessons/04_torchrun_enroot/run_charliecloud.sh": ("TORCHRUN_LOG_ROOT",),
 }
