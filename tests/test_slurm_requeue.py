@@ -12,9 +12,10 @@ start a second job on the same checkpoint.
 Both ways are played on the local cluster, as the README submits the scripts (SUBSET, one
 epoch): an administrator's `scontrol requeue` of the running job, and a preemption by the
 urgent partition with the job's partition set to `GraceTime=0` for the test (restored after,
-under the cluster lock, so no other job sees it). Lesson 05's job runs on 22.05 (make
-test-long), lesson 07's on 26.05 (make test-slurm; tests/conftest.py's EVERY_SLURM): the two
-scripts share the rule (common/job_env.sh). Both fail with the rule taken out ("cancelled with
+under the cluster lock, so no other job sees it): what a site's partitions and its admins do to
+a job, so marked `sites`. Lesson 05's job runs on 22.05 (make test-sites), lesson 07's on 26.05
+(make test-slurm; tests/conftest.py's EVERY_SLURM): the two scripts share the rule
+(common/job_env.sh). Both fail with the rule taken out ("cancelled with
 scancel ... To go on later: ... sbatch ...").
 
 And the gap between the state check and the requeue: a cancel that lands there must win.
@@ -51,7 +52,7 @@ def runs(job: str) -> list[tuple[datetime, datetime | None]]:
     return sorted(rows)
 
 
-@pytest.mark.long
+@pytest.mark.sites
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("way", ["scontrol-requeue", "preempted-without-grace"])
 @pytest.mark.parametrize("lesson", sorted(SCRIPTS))
