@@ -34,10 +34,16 @@ from readme_tables import IPYKERNEL
 MEASURED = (re.compile(r"(?<=job )\d+"), re.compile(r"(?<=allocation )\d+"),
             re.compile(r"\(\d+ s\)"), re.compile(r"(?<=epoch_time )[\d.]+s"))  # fmt: skip
 # Printed only when the job waited for its nodes (a queue, a slow node): the terminal the README
-# copies had them; a run on an idle cluster may not.
+# copies had them; a run on an idle cluster may not. And one line printed only when a race goes
+# one way (below).
 WAITED = re.compile(r"^(salloc|srun): (Pending job allocation|job \S+ queued and waiting for "
                     r"resources|job \S+ has been allocated resources|Waiting for resource "
-                    r"configuration|Nodes \S+ are ready for job)")  # fmt: skip
+                    r"configuration|Nodes \S+ are ready for job)"  # fmt: skip
+                    # Printed only when slurmctld's "job complete" reaches salloc before its own
+                    # release returns (src/salloc/salloc.c: _job_complete_handler prints it
+                    # unless allocation_state is already REVOKED, which the release sets after
+                    # slurm_complete_job() returns): a race, one line or none.
+                    r"|salloc: Job allocation \S+ has been revoked\.$")
 
 TRAILING = ("sinfo",)
 QUOTED_BLOCK = {"python lessons/10_fit_and_keep/fit.py": "model lesson:"}
