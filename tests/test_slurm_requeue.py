@@ -21,7 +21,8 @@ scancel ... To go on later: ... sbatch ...").
 And the gap between the state check and the requeue: a cancel that lands there must win.
 `scontrol requeue Incomplete` leaves a job that is no longer running alone (it exits 0 either
 way: measured on the three versions), and the restart count read again says which happened.
-That test runs on every version (make test on 22.05, make test-slurm on 24.11 and 26.05).
+That test runs on every version (make test-sites on 22.05, make test-slurm on 24.11 and 26.05):
+a cancel at a given moment is what a student or an admin does around a job, `sites` as above.
 """
 
 import re
@@ -129,6 +130,7 @@ course_requeue_or_end 75 "resumes" "sbatch again"
 """
 
 
+@pytest.mark.sites
 @pytest.mark.timeout(600)
 def test_a_cancel_between_the_state_check_and_the_requeue_wins(cluster, cluster_lock, tmp_path):
     script = tmp_path / "gap.sh"
