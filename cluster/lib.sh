@@ -226,11 +226,20 @@ remove_clients() {
 # job_container/tmpfs mounts each node's directory on itself and, per job, the job's namespace
 # and its /tmp under it (in this machine's mount namespace, where slurmd runs): unmount them all,
 # deepest first, so that nothing of a stopped cluster stays mounted.
-unmount_node_disks() {
-    local mnt
+# Several passes: a mount propagated from a job's namespace that was still being torn down can
+# show up after the first (seen under load: a job's /tmp left mounted after down.sh).
+node_disk_mounts() {
     awk -v d="$NODE_DISK_DIR/" 'index($5, d) == 1 || $5 == substr(d, 1, length(d) - 1) {print $5}' \
-        /proc/self/mountinfo | sort -r | while read -r mnt; do
-        umount -l "$mnt" 2>/dev/null || true
+        /proc/self/mountinfo | sort -r
+}
+unmount_node_disks() {
+    local mnt pass
+    for pass in 1 2 3 4 5; do
+        [[ -z $(node_disk_mounts) ]] && return 0
+        ((pass > 1)) && sleep 1
+        node_disk_mounts | while read -r mnt; do
+            umount -l "$mnt" 2>/dev/null || true
+        done
     done
 }
 
