@@ -61,6 +61,8 @@ CRASHED = ("tests/test_lesson05.py::"
            "test_crashed_rank_restarted_then_faulty_node_named_then_excluded")
 FSDP_JOB = "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1"
 UP_DOWN = "tests/test_cluster.py::test_up_is_idempotent_and_down_leaves_nothing"
+TORCHFT_JOBS = ("tests/test_lesson11_cluster.py::"
+                "test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit")
 
 # Commands that a test under tests/ runs or submits as written: command -> that test (file::
 # function, or a file for all of its tests). A job may be shortened there by the variables its
@@ -117,6 +119,9 @@ AS_WRITTEN_BY = {
     "sbatch lessons/10_fit_and_keep/fit.sh": "tests/test_lesson10.py::test_fit_job",
     "sbatch lessons/10_fit_and_keep/keep.sh": "tests/test_lesson10.py::test_keep_job",
     "sbatch lessons/10_fit_and_keep/reshard.sh": "tests/test_lesson10.py::test_reshard_job",
+    "sbatch lessons/11_torchft/lighthouse.sh": TORCHFT_JOBS,
+    "sbatch lessons/11_torchft/group.sh 0": TORCHFT_JOBS,
+    "sbatch lessons/11_torchft/group.sh 1": TORCHFT_JOBS,
 }
 # Tests run through a make target: the test -> the target (its recipe's sbatch is the job).
 MAKE_TARGETS = {"tests/test_demo.py::test_make_demo": "demo"}
@@ -198,6 +203,7 @@ NOT_RUN = {
     "torchrun --standalone --nproc-per-node 2 lessons/10_fit_and_keep/step.py --model tiny --ac": (
         LONG_RUN, "2 processes, about 15 s",
         "tests/test_lesson10.py::test_activation_checkpointing_same_numbers_fewer_activations"),
+    "scancel --signal=KILL <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
 }
 
 
@@ -226,6 +232,7 @@ SHORTER = {
     "lessons/09_beyond_data_parallel/compare.sh": ("STEPS",),
     "lessons/10_fit_and_keep/fit.sh": ("MODEL", "AC"),
     "lessons/10_fit_and_keep/keep.sh": ("MODEL",),
+    "lessons/11_torchft/group.sh": ("SUBSET", "STEPS"),
 }
 
 
@@ -234,4 +241,6 @@ SHORTER = {
 WHERE = {
     "lessons/04_torchrun_enroot/run_script.sh": ("TORCHRUN_LOG_ROOT", "ENROOT_CONF_FILE"),
     "lessons/04_torchrun_enroot/run_charliecloud.sh": ("TORCHRUN_LOG_ROOT",),
+    "lessons/11_torchft/lighthouse.sh": ("FT_DIR",),
+    "lessons/11_torchft/group.sh": ("FT_DIR",),
 }

@@ -48,6 +48,7 @@ def test_every_lesson_is_there():
         "08_data_pipeline",
         "09_beyond_data_parallel",
         "10_fit_and_keep",
+        "11_torchft",
     ]
 
 

@@ -1,0 +1,61 @@
+#!/bin/bash
+# Lesson 11: one replica group of torchft training, as a job of its own.
+#
+# A group must be able to fail and be replaced alone: in one job, Slurm would end every step
+# of the job when one node fails. So each group is a job, on its node, and the lighthouse
+# (lighthouse.sh) tells the groups about one another. Start the lighthouse, then the groups:
+#
+#   sbatch lessons/11_torchft/lighthouse.sh
+#   sbatch lessons/11_torchft/group.sh 0           # group 0 of 2
+#   sbatch lessons/11_torchft/group.sh 1           # group 1 of 2, on another node
+#   scancel --signal=KILL <group 1's job>          # a group dies; group 0 trains on alone
+#   sbatch lessons/11_torchft/group.sh 1           # its replacement heals from group 0
+#   SUBSET=4096 STEPS=500 sbatch lessons/11_torchft/group.sh 0   # quicker: fewer images, steps
+#
+# Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...).
+# FT_GROUPS (default 2): how many groups share the data. STEPS (default 2000): the quorum's
+# last step. SUBSET=N: only the first N training images.
+# FT_DIR: where the lighthouse wrote its address (default <course>/runs/torchft), or
+# TORCHFT_LIGHTHOUSE=http://<host>:<port> to name it directly.
+#
+#SBATCH --job-name=ft-group
+#SBATCH --nodes=1
+#SBATCH --ntasks=1                 # one process per group here
+#SBATCH --gres=gpu:2               # the node's GPUs: one group per node, so a node lost is one group
+#SBATCH --cpus-per-task=2
+#SBATCH --mem=4G
+#SBATCH --time=00:30:00
+#SBATCH --open-mode=append         # a run Slurm requeued (its node failed) adds to the same file
+set -euo pipefail
+
+# sbatch runs a copy of this script, so find the course from where it was submitted.
+COURSE_ROOT=${COURSE_ROOT:-$SLURM_SUBMIT_DIR}
+[[ -f $COURSE_ROOT/common/job_env.sh ]] || { echo "error: no course at COURSE_ROOT='$COURSE_ROOT': submit from the course root (cd <course> && sbatch lessons/...) or export COURSE_ROOT=<course>" >&2; exit 2; }
+# shellcheck source=common/job_env.sh
+source "$COURSE_ROOT/common/job_env.sh"
+
+FT_GROUP=${1:-${FT_GROUP:-}}
+(( $# )) && shift  # what is left in "$@" goes on to train_ft.py
+GROUPS_N=${FT_GROUPS:-2}
+[[ $GROUPS_N =~ ^[1-9][0-9]*$ ]] || { echo "error: FT_GROUPS='$GROUPS_N' is not a whole number of groups >= 1: e.g. FT_GROUPS=2" >&2; exit 2; }
+[[ $FT_GROUP =~ ^[0-9]+$ && $FT_GROUP -lt $GROUPS_N ]] || { echo "error: the group index '$FT_GROUP' is not one of 0..$((GROUPS_N - 1)): pass it first (sbatch lessons/11_torchft/group.sh 0), and FT_GROUPS=N for N groups" >&2; exit 2; }
+STEPS=${STEPS:-2000}
+[[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "error: STEPS='$STEPS' is not a whole number of steps >= 1: e.g. STEPS=2000" >&2; exit 2; }
+course_subset || exit 2
+[[ -n ${SUBSET:-} ]] && set -- --train-subset "$SUBSET" "$@"
+
+# The lighthouse's address: given, or the file its job wrote (it may have just started).
+FT_DIR=${FT_DIR:-$COURSE_ROOT/runs/torchft}
+if [[ -z ${TORCHFT_LIGHTHOUSE:-} ]]; then
+    for _ in $(seq 150); do [[ -s $FT_DIR/lighthouse ]] && break; sleep 0.2; done
+    [[ -s $FT_DIR/lighthouse ]] || { echo "error: no lighthouse address in $FT_DIR/lighthouse after 30 s: start it first (sbatch lessons/11_torchft/lighthouse.sh), with the same FT_DIR, or export TORCHFT_LIGHTHOUSE=http://<host>:<port>" >&2; exit 2; }
+    TORCHFT_LIGHTHOUSE=$(<"$FT_DIR/lighthouse")
+fi
+# torchft's own (Rust) log lines: warnings and errors only (RUST_LOG; its default is every
+# quorum of every step).
+export TORCHFT_LIGHTHOUSE FT_GROUP RUST_LOG=${RUST_LOG:-warn}
+
+echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME:" \
+     "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE"
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/train_ft.py" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@"
+echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"

@@ -1,0 +1,245 @@
+"""Lesson 11: lesson 03's MNIST model trained by replica groups that survive one another.
+
+Every replica group is a job of its own (group.sh) and runs this file as one process. The
+groups meet through the lighthouse (lighthouse.sh), which forms a quorum of the groups alive
+at each step; the Manager averages the gradients over that quorum, and torchft's Optimizer
+steps only if the whole quorum got through the step. A group that dies is
+dropped from the next quorum, the others go on; a group that (re)joins copies the weights and
+the optimizer state from a live peer ("heals") and steps with them.
+
+Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
+    torchft_lighthouse --min_replicas 1 --join_timeout_ms 2000 --bind 127.0.0.1:29510 &
+    export TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510
+    python lessons/11_torchft/train_ft.py --group 0 --steps 300 &
+    python lessons/11_torchft/train_ft.py --group 1 --steps 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import os
+import socket
+import sys
+import time
+import urllib.parse
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from common.env import LaunchError, cpu_threads, dist_timeout, resolve_launch_env
+from common.mnist import MnistDataError, build_model, build_optimizer, load_data
+
+LIGHTHOUSE_VAR = "TORCHFT_LIGHTHOUSE"
+
+
+def say(text: str) -> None:
+    """One line, in one write (the group's output is the job's; torchft's logs go beside)."""
+    now = time.strftime("%H:%M:%S", time.gmtime())
+    print(f"{now} [group {os.environ.get('FT_GROUP', '?')}] {text}\n", end="", flush=True)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--group", type=int, default=int(os.environ.get("FT_GROUP", 0)),
+                   help="this replica group's index (0 .. --groups - 1)")  # fmt: skip
+    p.add_argument("--groups", type=int, default=2, help="how many groups share the data")
+    p.add_argument("--steps", type=int, default=2000, help="train until the quorum's step N")
+    p.add_argument("--batch-size", type=int, default=64, help="per group and step")
+    p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate of the one-cycle")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--log-every", type=int, default=25,
+                   help="a line every N steps, with the hash of the state that groups share")
+    p.add_argument("--train-subset", type=int, default=0, help="use only the first N images")
+    args = p.parse_args(argv)
+    if not 0 <= args.group < args.groups:
+        p.error(f"--group {args.group} is not one of the {args.groups} groups (0 .. "
+                f"{args.groups - 1}): give --groups N for N groups")  # fmt: skip
+    if args.steps < 1 or args.batch_size < 1:
+        p.error("--steps and --batch-size must be at least 1")
+    os.environ["FT_GROUP"] = str(args.group)
+    return args
+
+
+def lighthouse_address(timeout_s: float = 5.0) -> str:
+    """TORCHFT_LIGHTHOUSE, checked now: torchft itself would retry a lighthouse that does not
+    answer for its connect timeout (60 s) and then raise from its Rust client."""
+    url = os.environ.get(LIGHTHOUSE_VAR, "")
+    if not url:
+        raise LaunchError(f"{LIGHTHOUSE_VAR} is not set: start the lighthouse first (sbatch "
+                          f"lessons/11_torchft/lighthouse.sh) and export {LIGHTHOUSE_VAR}="
+                          f"http://<its node>:<its port> (group.sh reads it from the file the "
+                          f"lighthouse writes)")  # fmt: skip
+    parts = urllib.parse.urlsplit(url)
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        host = port = None
+    if parts.scheme != "http" or not host or not port:
+        raise LaunchError(f"{LIGHTHOUSE_VAR}={url!r} is not http://<host>:<port>: give the "
+                          f"address lighthouse.sh wrote, e.g. http://node1:15330")  # fmt: skip
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        raise LaunchError(f"{LIGHTHOUSE_VAR}={url} does not answer ({exc.strerror or exc}): is "
+                          f"the lighthouse job running (squeue), and is that its address? "
+                          f"Start it: sbatch lessons/11_torchft/lighthouse.sh") from None
+    return url
+
+
+def state_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
+    """SHA-256 over the parameters and the optimizer's state (AdamW's moments and step
+    counts): what every group must hold alike. BatchNorm's running statistics are left out:
+    each group updates its own from its own batches (they are buffers, not gradients)."""
+    digest = hashlib.sha256()
+    for name, p in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(p.detach().cpu().numpy().tobytes())
+    for index, state in sorted(optimizer.state_dict()["state"].items()):
+        for key, value in sorted(state.items()):
+            digest.update(f"{index}.{key}".encode())
+            digest.update(torch.as_tensor(value).cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> None:
+    from torchft import DistributedSampler
+
+    train_x, train_y = data
+    # The data is split over the groups, not over the quorum: group g always reads shard g
+    # (torchft's DistributedSampler: replica_rank=g of num_replica_groups). While a group is
+    # missing, the batches of its shard for those steps are simply not seen; the steps go on
+    # with the others' batches. A batch is picked by the quorum's step, so a group that heals
+    # at step s reads its shard's batch for step s, as it would have had it never died.
+    sampler = DistributedSampler(range(len(train_x)), replica_rank=args.group,
+                                 num_replica_groups=args.groups, group_rank=0, num_replicas=1,
+                                 shuffle=True, seed=args.seed)  # fmt: skip
+    per_epoch = len(sampler) // args.batch_size
+    epoch, shard = -1, None
+
+    params = list(model.parameters())
+    sizes = [p.numel() for p in params]
+    participants, t_mark, step_mark = 0, time.perf_counter(), 0
+    while manager.current_step() < args.steps:
+        before = manager.current_step()
+        ft_optimizer.zero_grad()  # the quorum for this step: joins, drops, heals happen here
+        step = manager.current_step()
+        if step != before:
+            say(f"healed: step {before} -> {step} from a live peer (weights, optimizer, "
+                f"schedule), {manager.num_participants()} participants")  # fmt: skip
+            t_mark, step_mark = time.perf_counter(), step
+        if manager.num_participants() != participants:
+            say(f"participants {participants} -> {manager.num_participants()} at step {step}")
+            participants = manager.num_participants()
+        if step // per_epoch != epoch:  # a new shuffle per epoch, the same in every group
+            epoch = step // per_epoch
+            sampler.set_epoch(epoch)
+            shard = torch.tensor(list(sampler))
+        idx = shard[(step % per_epoch) * args.batch_size:][: args.batch_size]
+        loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
+        loss.backward()
+        # The gradients averaged over the quorum's groups, in one all-reduce of one flat
+        # buffer (torchft's DistributedDataParallel does it per bucket, but in torchft 0.2.0 its
+        # hook fails on an assertion when a peer dies during the all-reduce). wait() is False
+        # when a peer failed during it: the buffer is then garbage, and the step is discarded.
+        grads = torch.cat([p.grad.reshape(-1) for p in params])
+        if manager.allreduce(grads).wait():
+            for p, g in zip(params, grads.split(sizes), strict=True):
+                p.grad.copy_(g.view_as(p))
+        ft_optimizer.step()  # steps only if every participant got through: else discarded
+        if manager.current_step() == step:
+            say(f"step {step} discarded ({manager.num_participants()} participants, one failed "
+                f"during it); the next quorum decides who goes on")  # fmt: skip
+            continue
+        scheduler.step()
+        step += 1
+        if step % args.log_every == 0 or step == args.steps:
+            rate = (step - step_mark) / (time.perf_counter() - t_mark)
+            say(f"step {step}/{args.steps} | participants {participants} | loss "
+                f"{loss.item():.4f} | {rate:.1f} steps/s | state {state_hash(model, optimizer)}")
+            t_mark, step_mark = time.perf_counter(), step
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        # Who am I? A group is one process here: rank 0 of a world of 1, its own host and a
+        # port derived from its own job id (common/env.py), for the group's own TCPStore.
+        env = resolve_launch_env()
+        if env.world_size != 1:
+            raise LaunchError(f"this lesson's replica groups are one process each, this one has "
+                              f"{env.world_size}: start group.sh with --ntasks=1")  # fmt: skip
+        torch.set_num_threads(cpu_threads(env))
+        lighthouse = lighthouse_address()
+        device = torch.device("cpu")
+        data = load_data(device, args.train_subset)[:2]
+    except (LaunchError, MnistDataError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
+
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's own log: else every step's quorum
+    from torchft import Manager, Optimizer, ProcessGroupGloo
+
+    logging.basicConfig(level=logging.WARNING)
+    timeout = dist_timeout()
+    # The group's own store, as torchrun's agent would host it: torchft's Manager connects to
+    # it (is_master=False) and, on each new quorum, rebuilds the process group across the
+    # groups under a prefix of the store at rank 0 of the quorum.
+    store = dist.TCPStore(env.master_addr, env.master_port, is_master=True,
+                          wait_for_workers=False, timeout=timeout)  # fmt: skip
+
+    torch.manual_seed(args.seed)  # same initial weights in every group
+    model = build_model()
+    optimizer, scheduler = build_optimizer(model, args.lr, args.steps)
+
+    def state_dict():  # what a healing group receives from a live peer
+        return {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scheduler": scheduler.state_dict()}  # fmt: skip
+
+    def load_state_dict(state):
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+
+    manager = Manager(
+        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),  # a dead peer: an error in 10 s
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        min_replica_size=1,  # step on with one group left
+        use_async_quorum=False,  # heal before the forward pass: a batch is picked by the step
+        timeout=timeout,
+        quorum_timeout=timeout,
+        connect_timeout=timedelta(seconds=10),
+        rank=env.rank,
+        world_size=env.world_size,
+        store_addr=env.master_addr,
+        store_port=env.master_port,
+        lighthouse_addr=lighthouse,
+        replica_id=f"group{args.group}",
+        hostname=socket.gethostname(),  # the address peers fetch a checkpoint from
+    )
+    ft_optimizer = Optimizer(manager, optimizer)
+    say(f"on {socket.gethostname()}, lighthouse {lighthouse}, store {env.master_addr}:"
+        f"{env.master_port}, shard {args.group} of {args.groups}, batch {args.batch_size}")
+    say(f"asking for a quorum: the lighthouse forms one when its --min_replicas groups have "
+        f"asked; each step waits up to {timeout.total_seconds():.0f} s (COURSE_DIST_TIMEOUT)")
+    try:
+        train(args, manager, model, optimizer, scheduler, data, ft_optimizer)
+    except TimeoutError:  # raised from torchft's Rust client, with a traceback of threads
+        print(f"error: no quorum within {timeout.total_seconds():.0f} s at step "
+              f"{manager.current_step()}: is the lighthouse job still running, and have as many "
+              f"groups as its MIN_REPLICAS started? (a longer wait: COURSE_DIST_TIMEOUT=<seconds>)",
+              file=sys.stderr, flush=True)  # fmt: skip
+        return 1
+    finally:
+        manager.shutdown(wait=False)
+        del store
+    say(f"done at step {manager.current_step()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
