@@ -99,12 +99,15 @@ EVERY_SLURM = (
     "tests/test_lesson06.py::test_world_size_exported_wrong",
     "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1",
     "tests/test_lesson08.py::test_job_sh_stages_the_folder_form_with_srun_and_trains",
+    # (the lighthouse, two groups and a node set DOWN: 22.05 in make test-sites, 26.05 here)
+    "tests/test_lesson11_cluster.py::",
 )
 
 
-# The lessons' own job scripts (lessons 01 to 08; lesson 00's tests check what differs between
-# versions): make test-slurm runs them on the newest version only, the rest on every version.
-LESSON_JOBS = tuple(f"tests/test_lesson0{n}" for n in range(1, 9))
+# The lessons' own job scripts (lessons 01 to 08 and 11; lesson 00's tests check what differs
+# between versions): make test-slurm runs them on the newest version only, the rest on every
+# version.
+LESSON_JOBS = (*(f"tests/test_lesson0{n}" for n in range(1, 9)), "tests/test_lesson11")
 
 _slurm_version: tuple[int, int] | None = None
 
