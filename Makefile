@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup venv data container cluster-up cluster-down test test-slurm test-lesson09 test-lesson10 test-sites test-long test-scale test-readme lint demo bench clean
+.PHONY: help setup venv data container cluster-up cluster-down test test-slurm test-lesson09 test-lesson10 test-lesson11 test-sites test-long test-scale test-readme lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -23,6 +23,7 @@ help:
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
 	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
 	@echo "make test-lesson10 lesson 10's tests, notebook and jobs (a lane of their own, outside make test)"
+	@echo "make test-lesson11 lesson 11's tests on this machine: torchft's groups on loopback (outside make test)"
 	@echo "make test-long     the longest cluster jobs (preemption, requeues), outside make test"
 	@echo "make test-scale    real job sizes: the preflight at 64 ranks, lessons 01 and 03 at 34"
 	@echo "make test-readme   the READMEs' quick commands, run as written (outside make test)"
@@ -89,14 +90,14 @@ lint: venv
 # submits the same job scripts to the cluster and checks what they print. Two lanes
 # (pytest-xdist): the cluster tests one after another on one worker, which waits for their
 # jobs, and the rest, a file or a notebook at a time, beside them (see tests/conftest.py).
-# The tests marked lesson09 and lesson10 (those lessons' tests and notebooks) and sites (what
+# The tests marked lesson09, lesson10 and lesson11 (those lessons' tests) and sites (what
 # sites that differ from the local cluster do to the jobs: --export=NONE, a /tmp shared by
 # every job of a node, rank 0 elsewhere, GPU binding, a resume on fewer GPUs) run in lanes of
-# their own: make test-lesson09, make test-lesson10, make test-sites; and so do the longest
+# their own: make test-lesson09, -lesson10, -lesson11, make test-sites; and so do the longest
 # jobs (marked long): make test-long, and the READMEs' commands run as written (marked
 # readme): make test-readme. tests/README.md lists the lanes and their times.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup --durations=30 -m "not lesson09 and not lesson10 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup --durations=30 -m "not lesson09 and not lesson10 and not lesson11 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
 # (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation
@@ -130,6 +131,11 @@ test-lesson09: venv
 LESSON10_MARKS ?= lesson10
 test-lesson10: venv data
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -m "$(LESSON10_MARKS)" tests lessons/10_fit_and_keep --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+# Lesson 11's tests that need no cluster: two torchft groups and a lighthouse on loopback, one
+# killed and replaced (its cluster test is marked sites, and every_slurm). About 40 s.
+test-lesson11: venv data
+	$(VENV)/bin/pytest -m lesson11 tests/test_lesson11.py
 
 # The `sites` lane: cluster tests take the cluster lock themselves, one job at a time.
 # LONG_MARKS="long and not computes" leaves out make demo's full job (.ci/run runs it apart).

@@ -181,6 +181,10 @@ def pytest_configure(config):
         "test-lesson10); `make test` leaves them out",
     )
     config.addinivalue_line(
+        "markers", "lesson11: lesson 11's tests on this machine (groups on loopback), a lane of "
+        "their own (make test-lesson11); `make test` leaves them out",
+    )
+    config.addinivalue_line(
         "markers", "long: a cluster job of a minute or more that waits on Slurm's timers (grace "
         "time, requeues); a lane of its own (make test-long), left out of make test",
     )

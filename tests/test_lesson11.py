@@ -22,6 +22,8 @@ import pytest
 from helpers import clean_environ
 
 pytest.importorskip("torchft", reason="torchft has wheels for Linux x86_64 only")
+# Two processes training side by side for ~20 s on 2 cores: a lane of its own (make test-lesson11).
+pytestmark = pytest.mark.lesson11
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "11_torchft"

@@ -182,8 +182,8 @@ def test_readme_command(command):
 
 # Which `make` lane runs a test, by its marks (tests/conftest.py); the rest run in make test.
 LANES = (("lesson09", "make test-lesson09"), ("lesson10", "make test-lesson10"),
-         ("scale", "make test-scale"), ("sites", "make test-sites"), ("long", "make test-long"),
-         ("readme", "make test-readme"))
+         ("lesson11", "make test-lesson11"), ("scale", "make test-scale"),
+         ("sites", "make test-sites"), ("long", "make test-long"), ("readme", "make test-readme"))
 # Collects the files given (pytest --collect-only) and writes {test id: its marks} as JSON,
 # a parametrized test under its function's id.
 COLLECT = """
