@@ -356,7 +356,7 @@ def whoami(environ: Mapping[str, str], **spawn) -> dict:
     Raises LaunchError, as the job would."""
     from common.env import resolve_launch_env
 
-    env = resolve_launch_env(dict(environ), argv=[], check=False, **spawn)
+    env = resolve_launch_env(dict(environ), argv=[], **spawn)
     return {k: v for k, v in env.as_dict().items() if k in _SHOWN_FIELDS}
 
 

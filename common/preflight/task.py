@@ -12,7 +12,9 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from common.env import LaunchEnv, LaunchError, check_master_addr, cuda_device_index
+from common.env import LaunchEnv, LaunchError
+from common.gpu_checks import cuda_device_index
+from common.launch_checks import check_master_addr
 from common.preflight.helpers import (
     Problem,
     gloo_ifname_matches,

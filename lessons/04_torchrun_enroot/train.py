@@ -22,13 +22,13 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.env import (
     LaunchError,
-    check_cuda_usable,
     cpu_threads,
-    cuda_device_index,
     dist_timeout,
     init_error_message,
     resolve_launch_env,
 )
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch_checks import check_launch
 
 
 def synthetic_regression(n_samples: int, n_features: int, seed: int) -> TensorDataset:
@@ -55,6 +55,7 @@ def main() -> int:
     env = None
     try:
         env = resolve_launch_env()  # under torchrun: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))  # torchrun's OMP_NUM_THREADS, if it set one
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
