@@ -7,19 +7,17 @@ set by hand: launcher "env"), srun (``SLURM_LOCALID``, ``SLURM_NODEID``, the ste
 SLURM_PROCID/SLURM_LOCALID into RANK/LOCAL_RANK; a heterogeneous step's node by its name),
 ``mp.spawn`` (the caller passes the child's index and count), else one plain process.  What
 would make the job hang later (a variable missing, malformed or disagreeing, a double spawn)
-raises :class:`LaunchError` at once, naming the variable and the fix.  The end holds the
-set-up every lesson calls (threads, timeout, error line).  What would fail later against this
-machine is checked beside it, each lesson calling the checks in one line of its set-up:
-common/launch_checks.py (the address, the port, rank 0's node, a cleared environment) and
-common/gpu_checks.py (the GPU a rank drives, and whether torch can drive it); lesson 06's
-preflight runs them too.  ``srun python -m common.env``: each task's view (its command line is
-common/env_cli.py).
+raises :class:`LaunchError` at once, naming the variable and the fix.  It reads variables
+only: what would fail later against this machine is checked next, in one line of each lesson's
+set-up, by common/launch.py (the address, the port, rank 0's node, a cleared environment, with
+the set-up's threads and timeout) and common/gpu_checks.py (the GPU a rank drives, and whether
+torch can drive it); lesson 06's preflight runs those checks too.  ``srun python -m
+common.env``: each task's view (its command line is common/env_cli.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import os
 import re
 import socket
@@ -372,7 +370,7 @@ def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index:
     ``mp.spawn`` child passes ``spawn_index`` and ``spawn_nprocs`` (processes per node);
     ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``.  It reads
     the variables only: the checks of this machine (the address resolves, rank 0 runs there, the
-    port is free, an srun task kept its SLURM_* variables) are common.launch_checks.check_launch,
+    port is free, an srun task kept its SLURM_* variables) are common.launch.check_launch,
     which every lesson calls next."""
     environ = os.environ if environ is None else environ
     argv = sys.argv if argv is None else argv
@@ -497,78 +495,6 @@ def agent_launcher(ancestors: Sequence[str] | None = None) -> str | None:
         if "torch.distributed.run" in program or "torchrun" in map(os.path.basename, program):
             return "torchrun"
     return None
-
-
-# --------------------------------------------------------------------------- the set-up
-
-
-# Launchers that start several workers inside one SLURM task: they share the task's CPUs.
-_WORKER_LAUNCHERS = ("torchrun", "torch.distributed.launch", "mp.spawn")
-
-
-def usable_cpus() -> tuple[int, bool]:
-    """(CPUs this process may run on, whether that is the whole machine): the affinity mask,
-    which SLURM narrows to the task's CPUs when it binds tasks; macOS has none."""
-    total = os.cpu_count() or 1
-    if not hasattr(os, "sched_getaffinity"):
-        return total, True
-    mine = len(os.sched_getaffinity(0))
-    return mine, mine >= total
-
-
-def process_cpus(env: LaunchEnv, environ: Mapping[str, str] | None = None,
-                 cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
-    """This process's share of its task's CPUs (at least 1): a launcher's workers share their
-    task's set; where nothing is bound the node's processes share the machine; capped by
-    SLURM_CPUS_PER_TASK.  Split between torch's threads and DataLoader workers (lesson 08)."""
-    mine, whole_machine = usable_cpus() if cpus is None else cpus
-    per_task = env.local_world_size if env.launcher in _WORKER_LAUNCHERS else 1
-    share = mine // (env.local_world_size if whole_machine else per_task)
-    asked = _opt_int_var(os.environ if environ is None else environ, "SLURM_CPUS_PER_TASK",
-                         minimum=1)  # fmt: skip
-    return max(1, min(share, asked // per_task) if asked else share)
-
-
-def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
-                cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
-    """Threads for ``torch.set_num_threads``: OMP_NUM_THREADS if set, else :func:`process_cpus`;
-    otherwise each process takes every core and they fight over them."""
-    environ = os.environ if environ is None else environ
-    hint = "Set it to a whole number of threads, e.g. 4, or unset it."
-    return _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint) or process_cpus(
-        env, environ, cpus)  # fmt: skip
-
-
-DEFAULT_TIMEOUT_S = 600  # torch's own default for NCCL; gloo's is 30 minutes
-TIMEOUT_VAR = "COURSE_DIST_TIMEOUT"
-
-
-def dist_timeout(environ: Mapping[str, str] | None = None) -> datetime.timedelta:
-    """How long a rank waits for the others (rendezvous, every collective): COURSE_DIST_TIMEOUT
-    seconds, else 600.  Minutes, since ranks legitimately wait (a checkpoint, a slow import);
-    the failure demos and tests set a few seconds so that a hang ends quickly."""
-    text = (os.environ if environ is None else environ).get(TIMEOUT_VAR, str(DEFAULT_TIMEOUT_S))
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not 0 < seconds < float("inf"):
-        raise LaunchError(f"{TIMEOUT_VAR}={text!r} is not a positive number of seconds; "
-                          f"set e.g. {TIMEOUT_VAR}=600 or unset it.")  # fmt: skip
-    return datetime.timedelta(seconds=seconds)
-
-
-def init_error_message(env: LaunchEnv, exc: BaseException) -> str:
-    """One line, in place of torch's traceback, for a rank whose ``init_process_group`` failed
-    (DistStoreError: the others did not come; DistNetworkError: rank 0's address did not answer)."""
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else type(exc).__name__
-    if "Duplicate GPU detected" in text:
-        return (f"rank {env.rank}: two ranks drive one GPU ({first}); give each task its own "
-                f"GPU (--gpus-per-task=1) or start one process per GPU.")  # fmt: skip
-    return (f"rank {env.rank}: could not join the process group at MASTER_ADDR={env.master_addr} "
-            f"MASTER_PORT={env.master_port} ({first}). Check that all {env.world_size} processes "
-            f"started and can reach that address (a longer wait: {TIMEOUT_VAR}=<seconds>).")
 
 
 if __name__ == "__main__":  # python -m common.env [--export]: the command line is common/env_cli.py

@@ -24,7 +24,7 @@ from common.env import (
     resolve_launch_env,
 )
 from common.gpu_checks import cuda_device_index
-from common.launch_checks import check_launch, check_master_addr
+from common.launch import check_launch, check_master_addr
 
 
 def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:

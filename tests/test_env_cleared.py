@@ -13,7 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from common.env import LaunchError, resolve_launch_env  # noqa: E402
-from common.launch_checks import check_launch, slurm_step_of_cgroup  # noqa: E402
+from common.launch import check_launch, slurm_step_of_cgroup  # noqa: E402
 
 V1_STEP = """9:name=systemd:/
 6:freezer:/slurm_node1/uid_0/job_27/step_0

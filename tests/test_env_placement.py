@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.env import LaunchError, resolve_launch_env  # noqa: E402
 from common.env_cli import export_values  # noqa: E402
-from common.launch_checks import check_rank0_here  # noqa: E402
+from common.launch import check_rank0_here  # noqa: E402
 
 HOSTS = ["node1", "node2"]
 

@@ -28,7 +28,7 @@ from common.env import (  # noqa: E402
     resolve_launch_env,
 )
 from common.gpu_checks import cuda_device_index  # noqa: E402
-from common.launch_checks import check_launch  # noqa: E402
+from common.launch import check_launch  # noqa: E402
 
 
 def resolve(environ, check=False, **kwargs):

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # What a student carries home from lesson 03 besides train.py (README.md, "Taking it home"):
 # the files of common/ it imports; tests/test_lesson03.py runs train.py with exactly these.
-CARRIED = ("checkpoint.py", "env.py", "gpu_checks.py", "launch_checks.py", "mnist.py")
+CARRIED = ("checkpoint.py", "env.py", "gpu_checks.py", "launch.py", "mnist.py")
 
 # The one exception: code under ``if __name__ == "__main__":`` runs only when its file is run as a
 # script, and that process's ``__main__`` is another module than the one the others import
@@ -180,7 +180,7 @@ def test_what_a_student_carries_imports_nothing_else_of_the_course():
              if b not in carried]  # fmt: skip
     assert not found, found
     assert graph["common.env"] == [], graph["common.env"]
-    for checks in ("common.launch_checks", "common.gpu_checks"):
+    for checks in ("common.launch", "common.gpu_checks"):
         assert [b for b, _ in graph[checks]] == ["common.env"], graph[checks]
 
 

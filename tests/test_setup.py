@@ -1,7 +1,7 @@
 """The set-up every lesson script does itself, and what common/ answers for it: who the process
-is (env.py), the checks of this machine (launch_checks.py), threads per process, the timeout, the
-GPU a process drives and GPUs that torch cannot use (gpu_checks.py), the one line a rank prints
-when the group cannot be joined.
+is (env.py); the checks of this machine, threads per process, the timeout and the one line a
+rank prints when the group cannot be joined (launch.py); the GPU a process drives and GPUs that
+torch cannot use (gpu_checks.py).
 
 The process tests start real gloo groups (plain processes on this machine), set up exactly as
 lesson 03's train.py does.
@@ -24,19 +24,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import env as cenv  # noqa: E402
-from common import gpu_checks  # noqa: E402
-from common.env import LaunchEnv, LaunchError  # noqa: E402
+from common import gpu_checks, launch  # noqa: E402
+from common.env import LaunchEnv, LaunchError, find_free_port  # noqa: E402
 from tests.helpers import clean_environ  # noqa: E402
 
 # The lessons' set-up, as lesson 03's train.py writes it, at a script's top level (a test below
 # compares it with lesson 03's, line by line).
 SETUP = """
     import sys, torch, torch.distributed as dist
-    from common.env import (LaunchError, cpu_threads, dist_timeout, init_error_message,
-                            resolve_launch_env)
+    from common.env import LaunchError, resolve_launch_env
     from common.gpu_checks import check_cuda_usable, cuda_device_index
-    from common.launch_checks import check_launch
+    from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
     env = None
     try:
         env = resolve_launch_env()
@@ -146,12 +144,12 @@ VARIANTS = {
                                  'sys.exit(f"error: {exc}")', "except dist.DistError as exc:",
                                  'sys.exit(f"error: {init_error_message(env, exc)}")']),
 }  # fmt: skip
-# Where each name of the set-up comes from: who am I and the set-up helpers, the checks of this
-# machine, the GPU.
+# Where each name of the set-up comes from: who am I; the checks of this machine and the
+# helpers; the GPU.
 SET_UP_NAMES = {
-    **dict.fromkeys(("LaunchError", "resolve_launch_env", "cpu_threads", "process_cpus",
-                     "dist_timeout", "init_error_message"), "common.env"),
-    "check_launch": "common.launch_checks",
+    **dict.fromkeys(("LaunchError", "resolve_launch_env"), "common.env"),
+    **dict.fromkeys(("check_launch", "cpu_threads", "process_cpus", "dist_timeout",
+                     "init_error_message"), "common.launch"),
     **dict.fromkeys(("cuda_device_index", "check_cuda_usable"), "common.gpu_checks"),
 }  # fmt: skip
 
@@ -260,7 +258,7 @@ def test_every_variant_names_a_script_that_exists():
 
 def run_ranks(code: str, world: int, timeout: float, **extra) -> list[subprocess.CompletedProcess]:
     """Run SETUP + ``code`` as ranks 0..world-1 (plain env:// variables), each bounded."""
-    port = str(cenv.find_free_port())
+    port = str(find_free_port())
     procs = []
     script = textwrap.dedent(SETUP) + textwrap.dedent(code)
     for rank in range(world):
@@ -286,17 +284,17 @@ def run_ranks(code: str, world: int, timeout: float, **extra) -> list[subprocess
 
 @pytest.mark.parametrize(
     "value,seconds",
-    [(None, cenv.DEFAULT_TIMEOUT_S), ("5", 5), ("1800", 1800), ("0.5", 0.5)],
+    [(None, launch.DEFAULT_TIMEOUT_S), ("5", 5), ("1800", 1800), ("0.5", 0.5)],
 )
 def test_dist_timeout(value, seconds):
-    environ = {} if value is None else {cenv.TIMEOUT_VAR: value}
-    assert cenv.dist_timeout(environ) == datetime.timedelta(seconds=seconds)
+    environ = {} if value is None else {launch.TIMEOUT_VAR: value}
+    assert launch.dist_timeout(environ) == datetime.timedelta(seconds=seconds)
 
 
 @pytest.mark.parametrize("bad", ["soon", "0", "-3", "nan", "inf", ""])
 def test_bad_timeout_names_the_variable(bad):
-    with pytest.raises(LaunchError, match=f"{cenv.TIMEOUT_VAR}=.*positive number of seconds"):
-        cenv.dist_timeout({cenv.TIMEOUT_VAR: bad})
+    with pytest.raises(LaunchError, match=f"{launch.TIMEOUT_VAR}=.*positive number of seconds"):
+        launch.dist_timeout({launch.TIMEOUT_VAR: bad})
 
 
 @pytest.mark.timeout(120)
@@ -335,7 +333,7 @@ def test_duplicate_gpu_from_nccl_is_said_plainly():
     env = LaunchEnv(1, 1, 2, 2, 0, 1, "n1", 29500, "slurm", "n1", "7")
     exc = RuntimeError("NCCL error: invalid usage, NCCL version 2.21.5\nDuplicate GPU detected :"
                        " rank 1 and rank 0 both on CUDA device 1000")  # fmt: skip
-    message = cenv.init_error_message(env, exc)
+    message = launch.init_error_message(env, exc)
     assert message.startswith("rank 1: two ranks drive one GPU") and "\n" not in message
     assert "--gpus-per-task=1" in message
 
@@ -367,25 +365,25 @@ def launch_env(launcher, local_world_size):
     ],
 )
 def test_cpu_threads(launcher, procs, cpus, whole, environ, threads):
-    assert cenv.cpu_threads(launch_env(launcher, procs), environ, (cpus, whole)) == threads
+    assert launch.cpu_threads(launch_env(launcher, procs), environ, (cpus, whole)) == threads
 
 
 @pytest.mark.parametrize("bad", ["0", "four", "-1"])
 def test_bad_omp_num_threads_names_the_variable(bad):
     with pytest.raises(LaunchError, match="OMP_NUM_THREADS"):
-        cenv.cpu_threads(launch_env("slurm", 1), {"OMP_NUM_THREADS": bad}, (4, True))
+        launch.cpu_threads(launch_env("slurm", 1), {"OMP_NUM_THREADS": bad}, (4, True))
 
 
 def test_usable_cpus_without_linux_affinity(monkeypatch):
     """macOS has no os.sched_getaffinity: every CPU is usable."""
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
-    assert cenv.usable_cpus() == (os.cpu_count(), True)
+    assert launch.usable_cpus() == (os.cpu_count(), True)
 
 
 def test_usable_cpus_sees_a_narrowed_affinity():
     code = """
         import os
-        from common.env import usable_cpus
+        from common.launch import usable_cpus
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         print(*usable_cpus())
     """

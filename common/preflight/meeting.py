@@ -13,7 +13,7 @@ import time
 from collections.abc import Mapping
 
 from common.env import LaunchEnv, LaunchError
-from common.launch_checks import check_port_free
+from common.launch import check_port_free
 from common.preflight.across import compare
 from common.preflight.helpers import clock_offset, problem
 from common.preflight.task import IFNAME_VARS, Facts

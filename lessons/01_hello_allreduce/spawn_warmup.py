@@ -24,9 +24,9 @@ from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.env import LaunchError, cpu_threads, dist_timeout, find_free_port, resolve_launch_env
+from common.env import LaunchError, find_free_port, resolve_launch_env
 from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch_checks import check_launch
+from common.launch import check_launch, cpu_threads, dist_timeout
 
 
 def say(text: str) -> None:

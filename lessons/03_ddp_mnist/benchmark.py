@@ -32,8 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # the course root (common/)
-from common.env import dist_timeout, find_free_port, resolve_launch_env  # noqa: E402
-from common.launch_checks import check_launch  # noqa: E402
+from common.env import find_free_port, resolve_launch_env  # noqa: E402
+from common.launch import check_launch, dist_timeout  # noqa: E402
 from common.mnist import build_model, build_optimizer, load_data, load_mnist  # noqa: E402
 
 GLOBAL_BATCH = 128  # train.py's default

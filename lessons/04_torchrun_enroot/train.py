@@ -20,15 +20,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from common.env import (
-    LaunchError,
-    cpu_threads,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
 from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch_checks import check_launch
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 
 def synthetic_regression(n_samples: int, n_features: int, seed: int) -> TensorDataset:

@@ -34,15 +34,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from common.env import (
-    LaunchError,
-    cpu_threads,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
 from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch_checks import check_launch
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 from common.mnist import (  # lesson 03's model, data and evaluation
     MnistDataError,
     build_model,

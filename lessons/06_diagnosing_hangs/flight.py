@@ -27,15 +27,9 @@ import torch
 import torch.distributed as dist
 from step import load_shard, say
 
-from common.env import (
-    LaunchError,
-    cpu_threads,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
 from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch_checks import check_launch
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 
 def recorder_settings() -> str:

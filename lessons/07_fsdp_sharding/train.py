@@ -38,15 +38,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError
-from common.env import (
-    LaunchError,
-    cpu_threads,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
 from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch_checks import check_launch
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 from common.mnist import MnistDataError, build_optimizer, load_data
 
 # "Stopped on request, checkpoint written, run me again" (EX_TEMPFAIL, as in lesson 05).

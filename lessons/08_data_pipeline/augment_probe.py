@@ -21,8 +21,8 @@ import torch.distributed as dist
 from mnist_files import RandomShift, seed_worker
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from common.env import LaunchError, dist_timeout, init_error_message, resolve_launch_env
-from common.launch_checks import check_launch
+from common.env import LaunchError, resolve_launch_env
+from common.launch import check_launch, dist_timeout, init_error_message
 
 
 class ShiftProbe(Dataset):

@@ -35,15 +35,9 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from common.env import (
-    LaunchError,
-    cpu_threads,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
 from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch_checks import check_launch
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import DEFAULT_BATCH, build  # noqa: E402

@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from common.env import resolve_launch_env  # noqa: E402
-from common.launch_checks import check_launch  # noqa: E402
+from common.launch import check_launch  # noqa: E402
 
 # torch is imported where it is used, after the layout has been checked: a refusal (say, a
 # double spawn) then costs no torch import (~2 s of CPU).
@@ -22,7 +22,7 @@ def work(env):
     import torch
     import torch.distributed as dist
 
-    from common.env import cpu_threads, dist_timeout
+    from common.launch import cpu_threads, dist_timeout
 
     check_launch(env)
     torch.set_num_threads(cpu_threads(env))

@@ -1,14 +1,18 @@
-"""Before the group: the checks of this machine that turn a later hang into one line now.
+"""How this process joins its group, once it knows who it is (common.env.resolve_launch_env).
 
-:func:`check_launch` is the one line of every lesson's set-up between who it is
-(common.env.resolve_launch_env) and ``init_process_group``: rank 0's address resolves and, across
-nodes, is no loopback; rank 0 runs on the node that address names; rank 0's port is free; an srun
-task kept its SLURM_* variables.  Lesson 06's preflight (common/preflight/) runs them too.
+:func:`check_launch`, one line of every lesson's set-up, checks what would otherwise fail later
+against this machine, as a hang, and says it in one line now: rank 0's address resolves and,
+across nodes, is no loopback; rank 0 runs on the node that address names; rank 0's port is free;
+an srun task kept its SLURM_* variables.  Lesson 06's preflight (common/preflight/) runs them
+too.  Then the set-up's helpers: this process's CPU threads, how long a rank waits for the
+others, and the one line a rank prints when the group cannot be joined.  The GPU a rank drives
+is common/gpu_checks.py's.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import errno
 import ipaddress
 import os
@@ -17,7 +21,7 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from common.env import LaunchEnv, LaunchError, step_hosts
+from common.env import LaunchEnv, LaunchError, _opt_int_var, step_hosts
 
 
 def check_launch(env: LaunchEnv, environ: Mapping[str, str] | None = None, *,
@@ -154,3 +158,75 @@ def check_rank0_here(env: LaunchEnv, environ: Mapping[str, str], hosts: Sequence
         f"(ranks are numbered node by node, as torchrun does): unset MASTER_ADDR, or export "
         f"MASTER_ADDR={node}."
     )
+
+
+# --------------------------------------------------------------------------- the set-up's helpers
+
+
+# Launchers that start several workers inside one SLURM task: they share the task's CPUs.
+_WORKER_LAUNCHERS = ("torchrun", "torch.distributed.launch", "mp.spawn")
+
+
+def usable_cpus() -> tuple[int, bool]:
+    """(CPUs this process may run on, whether that is the whole machine): the affinity mask,
+    which SLURM narrows to the task's CPUs when it binds tasks; macOS has none."""
+    total = os.cpu_count() or 1
+    if not hasattr(os, "sched_getaffinity"):
+        return total, True
+    mine = len(os.sched_getaffinity(0))
+    return mine, mine >= total
+
+
+def process_cpus(env: LaunchEnv, environ: Mapping[str, str] | None = None,
+                 cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
+    """This process's share of its task's CPUs (at least 1): a launcher's workers share their
+    task's set; where nothing is bound the node's processes share the machine; capped by
+    SLURM_CPUS_PER_TASK.  Split between torch's threads and DataLoader workers (lesson 08)."""
+    mine, whole_machine = usable_cpus() if cpus is None else cpus
+    per_task = env.local_world_size if env.launcher in _WORKER_LAUNCHERS else 1
+    share = mine // (env.local_world_size if whole_machine else per_task)
+    asked = _opt_int_var(os.environ if environ is None else environ, "SLURM_CPUS_PER_TASK",
+                         minimum=1)  # fmt: skip
+    return max(1, min(share, asked // per_task) if asked else share)
+
+
+def cpu_threads(env: LaunchEnv, environ: Mapping[str, str] | None = None,
+                cpus: tuple[int, bool] | None = None) -> int:  # fmt: skip
+    """Threads for ``torch.set_num_threads``: OMP_NUM_THREADS if set, else :func:`process_cpus`;
+    otherwise each process takes every core and they fight over them."""
+    environ = os.environ if environ is None else environ
+    hint = "Set it to a whole number of threads, e.g. 4, or unset it."
+    return _opt_int_var(environ, "OMP_NUM_THREADS", minimum=1, hint=hint) or process_cpus(
+        env, environ, cpus)  # fmt: skip
+
+
+DEFAULT_TIMEOUT_S = 600  # torch's own default for NCCL; gloo's is 30 minutes
+TIMEOUT_VAR = "COURSE_DIST_TIMEOUT"
+
+
+def dist_timeout(environ: Mapping[str, str] | None = None) -> datetime.timedelta:
+    """How long a rank waits for the others (rendezvous, every collective): COURSE_DIST_TIMEOUT
+    seconds, else 600.  Minutes, since ranks legitimately wait (a checkpoint, a slow import);
+    the failure demos and tests set a few seconds so that a hang ends quickly."""
+    text = (os.environ if environ is None else environ).get(TIMEOUT_VAR, str(DEFAULT_TIMEOUT_S))
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise LaunchError(f"{TIMEOUT_VAR}={text!r} is not a positive number of seconds; "
+                          f"set e.g. {TIMEOUT_VAR}=600 or unset it.")  # fmt: skip
+    return datetime.timedelta(seconds=seconds)
+
+
+def init_error_message(env: LaunchEnv, exc: BaseException) -> str:
+    """One line, in place of torch's traceback, for a rank whose ``init_process_group`` failed
+    (DistStoreError: the others did not come; DistNetworkError: rank 0's address did not answer)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    if "Duplicate GPU detected" in text:
+        return (f"rank {env.rank}: two ranks drive one GPU ({first}); give each task its own "
+                f"GPU (--gpus-per-task=1) or start one process per GPU.")  # fmt: skip
+    return (f"rank {env.rank}: could not join the process group at MASTER_ADDR={env.master_addr} "
+            f"MASTER_PORT={env.master_port} ({first}). Check that all {env.world_size} processes "
+            f"started and can reach that address (a longer wait: {TIMEOUT_VAR}=<seconds>).")
