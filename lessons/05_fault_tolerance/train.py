@@ -34,8 +34,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.env import (
+    LaunchError,
+    resolve_launch_env,
+)
+from common.gpu_checks import (
+    check_cuda_usable,
+    cuda_device_index,
+)
 from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 from common.mnist import (  # lesson 03's model, data and evaluation
     MnistDataError,
@@ -284,8 +290,7 @@ def main(argv=None) -> int:
     # even while it still waits for the other ranks to start.
     stop = StopRequest()
     env = None
-    try:
-        # The set-up of lesson 03's train.py: who am I, which device, join the group.
+    try:  # the set-up of lesson 03's train.py: who am I, which device, join the group
         env = resolve_launch_env()
         check_launch(env)
         torch.set_num_threads(cpu_threads(env))

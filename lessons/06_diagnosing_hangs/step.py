@@ -26,8 +26,14 @@ import time
 import torch
 import torch.distributed as dist
 
-from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.env import (
+    LaunchError,
+    resolve_launch_env,
+)
+from common.gpu_checks import (
+    check_cuda_usable,
+    cuda_device_index,
+)
 from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 
@@ -57,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mismatch-rank", type=int, default=None)
     parser.add_argument("--watchdog", type=float, default=None,
                         help="dump every thread's stack after this many seconds")
-    parser.add_argument("--pid-dir", default=None,
-                        help="write <host>-rank<R>.pid here, for py-spy on each node")
+    parser.add_argument("--pid-dir", help="write <host>-rank<R>.pid here, for py-spy on each node")
     args = parser.parse_args(argv)
 
     # Ask for stacks from outside (kill -USR1 / scancel --signal=USR1), or after a deadline.
