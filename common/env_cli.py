@@ -19,12 +19,12 @@ from common.env import (
     LaunchEnv,
     LaunchError,
     _opt_int_var,
-    check_master_addr,
-    cuda_device_index,
     expand_hostlist,
     gpus_on_node,
     resolve_launch_env,
 )
+from common.gpu_checks import cuda_device_index
+from common.launch import check_launch, check_master_addr
 
 
 def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:
@@ -101,6 +101,7 @@ def main(args: Sequence[str]) -> int:
         return 2
     try:
         env = resolve_launch_env()
+        check_launch(env)
         gpus = _cuda_device_count()
         if gpus:
             cuda_device_index(env, gpus)

@@ -158,7 +158,7 @@ export PYTHONPATH="$COURSE_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 # The course's local cluster (cluster/up.sh, ClusterName=course) has no slow filesystem and no
 # big model: a rank that is not there within a minute is not coming. Real clusters keep
-# common.env.dist_timeout()'s default of 600 s (COURSE_DIST_TIMEOUT unset).
+# common.launch.dist_timeout()'s default of 600 s (COURSE_DIST_TIMEOUT unset).
 if [[ ${SLURM_CLUSTER_NAME:-} == course ]]; then
     export COURSE_DIST_TIMEOUT=${COURSE_DIST_TIMEOUT:-60}
 fi

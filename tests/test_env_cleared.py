@@ -12,7 +12,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from common.env import LaunchError, resolve_launch_env, slurm_step_of_cgroup  # noqa: E402
+from common.env import LaunchError, resolve_launch_env  # noqa: E402
+from common.launch import check_launch, slurm_step_of_cgroup  # noqa: E402
 
 V1_STEP = """9:name=systemd:/
 6:freezer:/slurm_node1/uid_0/job_27/step_0
@@ -57,12 +58,13 @@ RESOLVE_CASES = [
 def test_a_cleared_step_is_refused(environ, cgroup, refused):
     if refused:
         with pytest.raises(LaunchError) as exc:
-            resolve_launch_env(environ, proc_cgroup=cgroup, argv=["x"], check=False)
+            check_launch(resolve_launch_env(environ, argv=["x"]), environ, proc_cgroup=cgroup)
         message = str(exc.value)
         assert "no SLURM_* variable" in message and "--cleanenv" in message, message
         assert "RANK=0 WORLD_SIZE=1" in message, message
     else:
-        env = resolve_launch_env(environ, proc_cgroup=cgroup, argv=["x"], check=False)
+        env = resolve_launch_env(environ, argv=["x"])
+        check_launch(env, environ, proc_cgroup=cgroup)
         assert env.world_size == 1
 
 

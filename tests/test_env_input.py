@@ -22,24 +22,27 @@ sys.path.insert(0, str(ROOT))
 
 from common.env import (  # noqa: E402
     LaunchError,
-    check_cuda_usable,
-    cuda_device_index,
     expand_hostlist,
     parse_tasks_per_node,
     resolve_launch_env,
 )
 from common.env import _expand_hostlist as _expand_builtin  # noqa: E402
 from common.env_cli import GPU_DRIVER_FILES, _cuda_device_count, export_values  # noqa: E402
+from common.gpu_checks import check_cuda_usable, cuda_device_index  # noqa: E402
+from common.launch import check_launch  # noqa: E402
 from tests.test_env_resolution import BATCH_SCRIPT, slurm_step, torchrun_worker  # noqa: E402
 
 # A documentation address (RFC 5737): resolves without DNS, is never contacted here.
 REMOTE = "192.0.2.1"
 
 
-def resolve(environ, **kwargs):
+def resolve(environ, check=False, **kwargs):
+    """resolve_launch_env, then (``check``) check_launch, as a lesson's set-up calls them."""
     kwargs.setdefault("argv", ["train.py"])
-    kwargs.setdefault("check", False)
-    return resolve_launch_env(environ, **kwargs)
+    env = resolve_launch_env(environ, **kwargs)
+    if check:
+        check_launch(env, environ)
+    return env
 
 
 # --------------------------------------------------------------------------- batch step vs task
@@ -171,12 +174,13 @@ def test_common_env_runs_where_python_hostlist_is_not_installed(tmp_path):
 
 
 def carried_alone(tmp_path, code: str, *args: str) -> list:
-    """Run ``code`` where common/ holds env.py alone and python-hostlist cannot be imported (a
-    project that took env.py home); its printed JSON list."""
+    """Run ``code`` where common/ holds env.py and its checks alone and python-hostlist cannot be
+    imported (a project that took them home); its printed JSON list."""
     project = tmp_path / "project"
     (project / "common").mkdir(parents=True)
     (project / "common" / "__init__.py").write_text("")
-    shutil.copy(ROOT / "common" / "env.py", project / "common")
+    for name in ("env.py", "launch.py", "gpu_checks.py"):
+        shutil.copy(ROOT / "common" / name, project / "common")
     (tmp_path / "hostlist.py").write_text(
         'raise ModuleNotFoundError("no hostlist here", name="hostlist")\n')
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
@@ -196,10 +200,12 @@ def _answer(call, *args, **kwargs):
     return result.as_dict() if hasattr(result, "as_dict") else result
 
 
-# The same, in the process that runs the carried env.py.
+# The same, in the process that runs the carried env.py and its checks.
 ANSWER = """
 import json, sys
 import common.env as cenv
+import common.gpu_checks as gpu
+from common.launch import check_launch
 from common.env import LaunchError
 def _answer(call, *args, **kwargs):
     try:
@@ -221,7 +227,7 @@ def test_env_py_alone_without_python_hostlist_reads_the_host_list(tmp_path):
     code = ANSWER + """
 steps = json.loads(sys.argv[1])
 assert cenv.hostlist is None
-print(json.dumps([_answer(cenv.resolve_launch_env, s, argv=["train.py"], check=False)
+print(json.dumps([_answer(cenv.resolve_launch_env, s, argv=["train.py"])
                   for s in steps]))
 """
     got = carried_alone(tmp_path, code, json.dumps(HOST_STEPS))
@@ -238,24 +244,24 @@ print(json.dumps([_answer(cenv.resolve_launch_env, s, argv=["train.py"], check=F
 
 
 def test_env_py_alone_checks_the_machine_as_the_course_does(tmp_path):
-    """Taken home alone (env.py without the rest of common/): the same checks of this machine,
-    in the same words: a loopback master address across nodes, two ranks on one GPU, SLURM's
-    GPUs that torch cannot see."""
+    """Taken home alone (env.py and its checks without the rest of common/): the same checks of
+    this machine, in the same words: a loopback master address across nodes, two ranks on one
+    GPU, SLURM's GPUs that torch cannot see."""
     (tmp_path / "nvidia0").touch()
     glob = str(tmp_path / "nvidia[0-9]*")
     loopback = slurm_step(3, 1, 1, 4, "localhost,n2", "2(x2)")
     code = ANSWER + """
 step, glob = json.loads(sys.argv[1]), sys.argv[2]
-env = cenv.resolve_launch_env(step, argv=["train.py"], check=False)
+env = cenv.resolve_launch_env(step, argv=["train.py"])
 print(json.dumps([
-    _answer(cenv.resolve_launch_env, step, argv=["train.py"], check=True),
-    _answer(cenv.cuda_device_index, env, 1, {"SLURM_GPUS_ON_NODE": "1"}),
-    _answer(cenv.check_cuda_usable, {"SLURM_GPUS_ON_NODE": "2"}, glob),
+    _answer(check_launch, env, step),
+    _answer(gpu.cuda_device_index, env, 1, {"SLURM_GPUS_ON_NODE": "1"}),
+    _answer(gpu.check_cuda_usable, {"SLURM_GPUS_ON_NODE": "2"}, glob),
 ]))
 """
     got = carried_alone(tmp_path, code, json.dumps(loopback), glob)
     env = resolve(loopback)
-    want = [_answer(resolve_launch_env, loopback, argv=["train.py"], check=True),
+    want = [_answer(check_launch, env, loopback),
             _answer(cuda_device_index, env, 1, {"SLURM_GPUS_ON_NODE": "1"}),
             _answer(check_cuda_usable, {"SLURM_GPUS_ON_NODE": "2"}, glob)]  # fmt: skip
     assert got == want
@@ -347,8 +353,11 @@ def test_torchruns_own_master_address_is_not_second_guessed():
 RESOLVE_CODE = """
 import json, sys
 from common.env import LaunchError, resolve_launch_env
+from common.launch import check_launch
 try:
-    env = resolve_launch_env(json.loads(sys.argv[1]), argv=["train.py"], check=True)
+    environ = json.loads(sys.argv[1])
+    env = resolve_launch_env(environ, argv=["train.py"])
+    check_launch(env, environ)
     print("ok", env.master_addr)
 except LaunchError as exc:
     print("error", exc)

@@ -20,8 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.env import LaunchError, check_rank0_here, resolve_launch_env  # noqa: E402
+from common.env import LaunchError, resolve_launch_env  # noqa: E402
 from common.env_cli import export_values  # noqa: E402
+from common.launch import check_rank0_here  # noqa: E402
 
 HOSTS = ["node1", "node2"]
 
@@ -52,8 +53,8 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_rank0_is_on_the_host_every_task_names(layout):
     distribution = layout.split(",")[0]
-    envs = [resolve_launch_env(task(*t, SLURM_DISTRIBUTION=distribution), argv=["train.py"],
-                               check=False) for t in LAYOUTS[layout]]  # fmt: skip
+    envs = [resolve_launch_env(task(*t, SLURM_DISTRIBUTION=distribution), argv=["train.py"])
+            for t in LAYOUTS[layout]]  # fmt: skip
     assert sorted(e.rank for e in envs) == [0, 1, 2, 3]
     assert {e.master_addr for e in envs} == {"node1"}
     rank0 = next(t for t, e in zip(LAYOUTS[layout], envs, strict=True) if e.rank == 0)
@@ -79,8 +80,8 @@ def pyxis_vars(procid, localid, hook):
 def test_pyxis_rank_variables_keep_rank0_on_the_first_host(layout, hook):
     """RANK=SLURM_PROCID would put rank 0 wherever srun placed task 0 (node2 in three of the
     layouts), while MASTER_ADDR, the hook's too, names node1: the ranks stay node by node."""
-    envs = [resolve_launch_env(task(*t, **pyxis_vars(t[0], t[2], hook)), argv=["train.py"],
-                               check=False) for t in LAYOUTS[layout]]  # fmt: skip
+    envs = [resolve_launch_env(task(*t, **pyxis_vars(t[0], t[2], hook)), argv=["train.py"])
+            for t in LAYOUTS[layout]]  # fmt: skip
     assert [e.launcher for e in envs] == ["slurm"] * 4
     assert all(e.rank == 2 * t[1] + t[2] and e.local_rank == t[2] and e.world_size == 4
                for t, e in zip(LAYOUTS[layout], envs, strict=True))  # fmt: skip
@@ -109,7 +110,7 @@ def test_heterogeneous_step_numbers_nodes_by_the_sorted_host_list(extra):
     envs = {(node, procid): resolve_launch_env(
         {**HET_STEP, **extra, "SLURMD_NODENAME": node, "SLURM_PROCID": str(procid),
          "SLURM_NODEID": str(nodeid), "SLURM_LOCALID": str(localid)},
-        argv=["train.py"], check=False) for node, procid, nodeid, localid in HET_TASKS}  # fmt: skip
+        argv=["train.py"]) for node, procid, nodeid, localid in HET_TASKS}  # fmt: skip
     got = {k: (e.rank, e.node_rank, e.local_rank, e.local_world_size) for k, e in envs.items()}
     assert got == {("node1", 2): (0, 0, 0, 1), ("node2", 0): (1, 1, 0, 2),
                    ("node2", 1): (2, 1, 1, 2)}  # fmt: skip
@@ -119,7 +120,7 @@ def test_heterogeneous_step_numbers_nodes_by_the_sorted_host_list(extra):
     # MASTER_ADDR it exported is refused by rank 0, on node1, in one line.
     rank0 = {**HET_STEP, **extra, "SLURMD_NODENAME": "node1", "SLURM_PROCID": "2",
              "SLURM_NODEID": "1", "SLURM_LOCALID": "0", "MASTER_ADDR": "node2"}  # fmt: skip
-    env0 = resolve_launch_env(rank0, argv=["x"], check=False)
+    env0 = resolve_launch_env(rank0, argv=["x"])
     assert env0.rank == 0
     with pytest.raises(LaunchError, match=r"^MASTER_ADDR=node2 but rank 0 runs on node1"):
         check_rank0_here(env0, rank0, ["node1", "node2"])
@@ -128,8 +129,8 @@ def test_heterogeneous_step_numbers_nodes_by_the_sorted_host_list(extra):
 def test_uneven_nodes_count_the_earlier_nodes_tasks():
     """-n4 over 2 nodes without --ntasks-per-node can give node1 3 tasks and node2 1."""
     layout = [(0, 0, 0), (1, 0, 1), (2, 0, 2), (3, 1, 0)]
-    ranks = [resolve_launch_env(task(*t, tasks_per_node="3,1"), argv=["train.py"],
-                                check=False).rank for t in layout]  # fmt: skip
+    ranks = [resolve_launch_env(task(*t, tasks_per_node="3,1"), argv=["train.py"]).rank
+             for t in layout]  # fmt: skip
     assert ranks == [0, 1, 2, 3]
 
 
@@ -137,7 +138,7 @@ def test_mp_spawn_in_one_task_per_node_counts_by_node():
     """One srun task per node, mp.spawn 2 processes in each: the task on the step's first
     node holds ranks 0 and 1, whichever SLURM_PROCID it has."""
     environ = task(0, 1, 0, tasks_per_node="1(x2)", SLURM_NTASKS="2", SLURM_STEP_NUM_TASKS="2")
-    env = resolve_launch_env(environ, spawn_index=1, spawn_nprocs=2, argv=["x"], check=False)
+    env = resolve_launch_env(environ, spawn_index=1, spawn_nprocs=2, argv=["x"])
     assert (env.rank, env.local_rank, env.world_size, env.master_addr) == (3, 1, 4, "node1")
 
 
@@ -152,7 +153,7 @@ def test_the_batch_script_exports_the_jobs_first_host(batch_node, master):
                "SLURM_NODEID": "0", "SLURM_NTASKS": "4",
                "SLURM_JOB_NODELIST": "192.0.2.1,192.0.2.2", "SLURM_JOB_NUM_NODES": "2",
                "SLURMD_NODENAME": batch_node}  # fmt: skip
-    env = resolve_launch_env(environ, argv=["job.sh"], check=False)
+    env = resolve_launch_env(environ, argv=["job.sh"])
     assert env.launcher == "single"
     exported = export_values(env, environ)
     assert (exported["MASTER_ADDR"], exported["NNODES"]) == (master, 2)
@@ -169,7 +170,7 @@ def test_the_batch_script_exports_the_jobs_first_host(batch_node, master):
     ],
 )
 def test_rank0_refuses_a_master_addr_naming_another_node(environ, refused):
-    env = resolve_launch_env(environ, argv=["train.py"], check=False)
+    env = resolve_launch_env(environ, argv=["train.py"])
     if not refused:
         check_rank0_here(env, environ, HOSTS)
         return

@@ -22,18 +22,22 @@ from common.env import (  # noqa: E402
     LaunchEnv,
     LaunchError,
     _torch_launcher,
-    cuda_device_index,
     expand_hostlist,
     master_port_for_job,
     parse_tasks_per_node,
     resolve_launch_env,
 )
+from common.gpu_checks import cuda_device_index  # noqa: E402
+from common.launch import check_launch  # noqa: E402
 
 
-def resolve(environ, **kwargs):
+def resolve(environ, check=False, **kwargs):
+    """resolve_launch_env, then (``check``) check_launch, as a lesson's set-up calls them."""
     kwargs.setdefault("argv", ["train.py"])
-    kwargs.setdefault("check", False)
-    return resolve_launch_env(environ, **kwargs)
+    env = resolve_launch_env(environ, **kwargs)
+    if check:
+        check_launch(env, environ)
+    return env
 
 
 def slurm_step(procid, localid, nodeid, ntasks, nodelist, tasks_per_node, job_id="1234", **extra):

@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# What a student carries home from lesson 03 besides train.py (README.md, "Taking it home"):
+# the files of common/ it imports; tests/test_lesson03.py runs train.py with exactly these.
+CARRIED = ("checkpoint.py", "env.py", "gpu_checks.py", "launch.py", "mnist.py")
 
 # The one exception: code under ``if __name__ == "__main__":`` runs only when its file is run as a
 # script, and that process's ``__main__`` is another module than the one the others import
@@ -154,14 +157,31 @@ def test_no_module_picks_its_imports_at_run_time():
     assert not found, f"an import whose module is chosen at run time: {', '.join(found)}"
 
 
-def test_what_a_student_carries_imports_no_course_module():
-    """The files of common/ that lesson 03's train.py imports (README.md: what you carry) need
-    nothing else of the course: env.py's checks and host list, mnist.py's MD5 check are theirs."""
+def carried_set(graph) -> list[str]:
+    """The modules of common/ that lesson 03's train.py imports, directly or through each other
+    (README.md: what you carry)."""
+    found, todo = [], ["lessons/03_ddp_mnist/train"]
+    while todo:
+        for target, _ in graph[todo.pop()]:
+            if target.startswith("common.") and target not in found:
+                found.append(target)
+                todo.append(target)
+    return sorted(found)
+
+
+def test_what_a_student_carries_imports_nothing_else_of_the_course():
+    """The files of common/ that lesson 03's train.py imports need nothing else of the course:
+    env.py's host list reader, the checks, mnist.py's MD5 check are theirs.  Who am I (env.py)
+    imports none of them; the checks import env.py, never the other way."""
     graph = import_graph()
-    carried = [b for b, _ in graph["lessons/03_ddp_mnist/train"] if b.startswith("common.")]
-    assert "common.env" in carried and "common.mnist" in carried, carried
-    found = [f"{_file(a)}:{line} imports {b}" for a in carried for b, line in graph[a]]
+    carried = carried_set(graph)
+    assert carried == [f"common.{name[:-3]}" for name in CARRIED], carried
+    found = [f"{_file(a)}:{line} imports {b}" for a in carried for b, line in graph[a]
+             if b not in carried]  # fmt: skip
     assert not found, found
+    assert graph["common.env"] == [], graph["common.env"]
+    for checks in ("common.launch", "common.gpu_checks"):
+        assert [b for b, _ in graph[checks]] == ["common.env"], graph[checks]
 
 
 def test_imports_go_one_way():

@@ -19,6 +19,7 @@ import pytest
 import torch
 from conftest import submit_job
 from helpers import clean_environ, kill_once_written, run_ranks, start_ranks
+from test_imports import CARRIED  # what a student copies: train.py's files of common/
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "03_ddp_mnist"
@@ -190,13 +191,11 @@ def test_parse_log_keeps_the_last_copy_of_an_epoch():
 
 # --------------------------------------------------------------------------- carried away
 
-# What a student copies into a project of their own (README.md, "Taking it home").
-CARRIED = ("env.py", "mnist.py", "checkpoint.py")
 
 
 @pytest.fixture
 def project(tmp_path):
-    """A directory holding lesson 03's train.py and three files of common/, nothing else."""
+    """A directory holding lesson 03's train.py and the carried files of common/, nothing else."""
     root = tmp_path / "project"
     (root / "common").mkdir(parents=True)
     shutil.copy(LESSON / "train.py", root)

@@ -119,7 +119,7 @@ def test_gpu_check_wants_one_gpu_per_process():
     # torchrun-style worker: 2 processes on the node, 1 GPU visible (SLURM_GPUS_ON_NODE unset)
     environ = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
                "CUDA_VISIBLE_DEVICES": "0"}  # fmt: skip
-    env = resolve_launch_env(environ, argv=[], check=False)
+    env = resolve_launch_env(environ, argv=[])
     facts = {"cuda_visible_devices": "0", "torch_cuda_devices": 0, "slurm_gpus_on_node": None}
     found = preflight.check_gpus(env, facts, environ)
     assert len(found) == 1 and "only 1 visible GPUs" in found[0]["what"], found

@@ -144,7 +144,7 @@ TINY = """
 import sys
 from common import preflight
 from common.env import resolve_launch_env
-print(repr(preflight.tiny_allreduce(resolve_launch_env(check=False), 30.0, iterations=16)))
+print(repr(preflight.tiny_allreduce(resolve_launch_env(), 30.0, iterations=16)))
 """
 
 # One rank's value arrives altered (as from a faulty node): the sum is wrong, the network fine.
@@ -152,7 +152,7 @@ ALTERED = """
 import sys
 from common.env import resolve_launch_env
 from common.preflight import allreduce, cli
-if resolve_launch_env(check=False).rank == 1:
+if resolve_launch_env().rank == 1:
     allreduce.allreduce_value = lambda rank: rank + 2  # where tiny_allreduce looks it up
 sys.exit(cli.main(["--timeout", "30"]))
 """

@@ -1,6 +1,7 @@
-"""The set-up every lesson script does itself, and what common/env.py answers for it: threads
-per process, the timeout, the GPU a process drives, GPUs that torch cannot use, the one line a
-rank prints when the group cannot be joined.
+"""The set-up every lesson script does itself, and what common/ answers for it: who the process
+is (env.py); the checks of this machine, threads per process, the timeout and the one line a
+rank prints when the group cannot be joined (launch.py); the GPU a process drives and GPUs that
+torch cannot use (gpu_checks.py).
 
 The process tests start real gloo groups (plain processes on this machine), set up exactly as
 lesson 03's train.py does.
@@ -23,19 +24,21 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import env as cenv  # noqa: E402
-from common.env import LaunchEnv, LaunchError  # noqa: E402
+from common import gpu_checks, launch  # noqa: E402
+from common.env import LaunchEnv, LaunchError, find_free_port  # noqa: E402
 from tests.helpers import clean_environ  # noqa: E402
 
 # The lessons' set-up, as lesson 03's train.py writes it, at a script's top level (a test below
 # compares it with lesson 03's, line by line).
 SETUP = """
     import sys, torch, torch.distributed as dist
-    from common.env import (LaunchError, check_cuda_usable, cpu_threads, cuda_device_index,
-                            dist_timeout, init_error_message, resolve_launch_env)
+    from common.env import LaunchError, resolve_launch_env
+    from common.gpu_checks import check_cuda_usable, cuda_device_index
+    from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
     env = None
     try:
         env = resolve_launch_env()
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
@@ -63,7 +66,8 @@ SETUP = """
 # set-up on purpose (each file stands alone).  The copies are compared line by line as code:
 # comments aside, and the one line a rank prints may start with the script's own name instead
 # of "error".  Lesson 03's block, in the pieces the variants below are made of:
-WHO = ["env = None", "try:", "env = resolve_launch_env()"]
+CHECK = "check_launch(env)"  # this machine: the address, the port, rank 0's node
+WHO = ["env = None", "try:", "env = resolve_launch_env()", CHECK]
 THREADS = ["torch.set_num_threads(cpu_threads(env))"]
 DEVICE = [
     "if torch.cuda.is_available():",
@@ -89,13 +93,14 @@ GROUP_ERROR = ["except dist.DistError as exc:",
                'print(f"error: {init_error_message(env, exc)}", file=sys.stderr, flush=True)',
                "return 2"]  # fmt: skip
 REFERENCE = [*WHO, *THREADS, *DEVICE, *GROUP, *LAUNCH_ERROR, *GROUP_ERROR]
+DEVICE_END = len(WHO) + len(THREADS) + len(DEVICE)  # REFERENCE[:DEVICE_END]: up to the group
 ANY = "..."  # any lines: the script's own work between two parts of its set-up
 
 # Who am I first, alone; the script's own work; then the rest (as lesson 03 has it).
-WHO_FIRST = ["try:", "env = resolve_launch_env()", *LAUNCH_ERROR, ANY, "try:"]
+WHO_FIRST = ["try:", "env = resolve_launch_env()", CHECK, *LAUNCH_ERROR, ANY, "try:"]
 # An mp.spawn child: its index makes its rank, and a launch mistake ends the child.
-SPAWN = ["try:", "env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)", *THREADS,
-         *DEVICE, *LAUNCH_ERROR[:2], "raise SystemExit(2) from None", *GROUP]  # fmt: skip
+SPAWN = ["try:", "env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)", CHECK,
+         *THREADS, *DEVICE, *LAUNCH_ERROR[:2], "raise SystemExit(2) from None", *GROUP]  # fmt: skip
 
 # The copies that differ, and why; every other script has REFERENCE.
 VARIANTS = {
@@ -105,21 +110,21 @@ VARIANTS = {
         ["try:", "if index is None:", "env = resolve_launch_env()", "else:", *SPAWN[1:]]),
     "lessons/02_launch_vs_srun/hello.py": (
         "checks --local-rank against LOCAL_RANK before the group",
-        [*WHO_FIRST, *REFERENCE[3:]]),
+        [*WHO_FIRST, *REFERENCE[len(WHO):]]),
     "lessons/06_diagnosing_hangs/step.py": (
-        "its pid file and its crash come before the group", [*WHO_FIRST, *REFERENCE[3:]]),
+        "its pid file and its crash come before the group", [*WHO_FIRST, *REFERENCE[len(WHO):]]),
     "lessons/06_diagnosing_hangs/flight.py": (
         "reads the flight recorder's settings first; its shard comes before the group",
-        [*WHO_FIRST[:1], "prefix = recorder_settings()", *WHO_FIRST[1:], *REFERENCE[3:]]),
+        [*WHO_FIRST[:1], "prefix = recorder_settings()", *WHO_FIRST[1:], *REFERENCE[len(WHO):]]),
     "lessons/08_data_pipeline/train.py": (
         "this rank's CPUs are shared between torch's threads and the DataLoader's workers",
-        [*WHO, "cpus = process_cpus(env)", *REFERENCE[4:]]),
+        [*WHO, "cpus = process_cpus(env)", *REFERENCE[len(WHO) + 1:]]),
     "lessons/08_data_pipeline/augment_probe.py": (
         "only small Python objects travel: gloo, no device",
         [*WHO, GROUP[0], 'backend="gloo",', *GROUP[2:6], ")", *LAUNCH_ERROR, *GROUP_ERROR]),
     "lessons/03_ddp_mnist/benchmark.py": (
         "measures this machine's CPU: mp.spawn children on gloo",
-        ["env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)",
+        ["env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)", CHECK,
          'dist.init_process_group("gloo", init_method=f"tcp://{env.master_addr}:{env.master_port}",',
          "rank=env.rank, world_size=env.world_size, timeout=dist_timeout())"]),
     **{f"lessons/09_beyond_data_parallel/{name}": (
@@ -128,19 +133,25 @@ VARIANTS = {
          *GROUP]) for name in ("tp.py", "pp.py", "compare.py")},
     "lessons/10_fit_and_keep/step.py": (
         "checks its arguments before the group; rank 0 alone says a launch error",
-        [*REFERENCE[:10], ANY, *GROUP, LAUNCH_ERROR[0], "if env is None or env.rank == 0:",
+        [*REFERENCE[:DEVICE_END], ANY, *GROUP, LAUNCH_ERROR[0], "if env is None or env.rank == 0:",
          *LAUNCH_ERROR[1:], *GROUP_ERROR]),
     "lessons/10_fit_and_keep/reshard.py": (
         "checks its arguments against the world size before the group",
-        [*REFERENCE[:10], ANY, *REFERENCE[10:]]),
+        [*REFERENCE[:DEVICE_END], ANY, *REFERENCE[DEVICE_END:]]),
     # This file's SETUP, run as a script's top level: sys.exit says the line.
     "tests/test_setup.py:SETUP": (
         "a script's top level", [*REFERENCE[:-6], "except LaunchError as exc:",
                                  'sys.exit(f"error: {exc}")', "except dist.DistError as exc:",
                                  'sys.exit(f"error: {init_error_message(env, exc)}")']),
 }  # fmt: skip
-COMMON_ENV_NAMES = {"LaunchError", "resolve_launch_env", "cpu_threads", "process_cpus",
-                    "cuda_device_index", "check_cuda_usable", "dist_timeout", "init_error_message"}
+# Where each name of the set-up comes from: who am I; the checks of this machine and the
+# helpers; the GPU.
+SET_UP_NAMES = {
+    **dict.fromkeys(("LaunchError", "resolve_launch_env"), "common.env"),
+    **dict.fromkeys(("check_launch", "cpu_threads", "process_cpus", "dist_timeout",
+                     "init_error_message"), "common.launch"),
+    **dict.fromkeys(("cuda_device_index", "check_cuda_usable"), "common.gpu_checks"),
+}  # fmt: skip
 
 
 def _calls(tree: ast.AST, name: str) -> list[ast.Call]:
@@ -175,8 +186,7 @@ def set_up_block(text: str, stem: str) -> list[tuple[int, str]]:
             node = parents[node]
         return node if isinstance(node, ast.Try) else None
 
-    who = next(c for c in _calls(tree, "resolve_launch_env")
-               if not any(k.arg == "check" for k in c.keywords))  # fmt: skip
+    who = _calls(tree, "resolve_launch_env")[0]
     group = next(c for c in _calls(tree, "init_process_group") if c.lineno > who.lineno)
     start, end = who.lineno, group.end_lineno
     if (opening := enclosing_try(who)) is not None:
@@ -224,17 +234,18 @@ def set_up_copies():
 @pytest.mark.parametrize("name,text", set_up_copies(), ids=[n for n, _ in set_up_copies()])
 def test_the_set_up_copies_agree_line_by_line(name, text):
     """Each copy of the set-up is lesson 03's, line by line, or one of the VARIANTS (where the
-    script differs on purpose, and why); its names come from common.env, torch's imported."""
+    script differs on purpose, and why); its names come from common/, torch's imported."""
     why, want = VARIANTS.get(name, ("lesson 03's own", REFERENCE))
     stem = Path(name.split(":")[0]).stem
     got = set_up_block(text, stem)
     difference = first_difference(got, want)
     assert not difference, f"{name}, {difference} (allowed here: {why}; tests/test_setup.py)"
     tree = ast.parse(text)
-    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
-                and n.module == "common.env" for a in n.names}  # fmt: skip
-    used = {w for _, code in got for w in re.findall(r"\w+", code)} & COMMON_ENV_NAMES
-    assert used <= imported, f"{name}: not imported from common.env: {sorted(used - imported)}"
+    imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                for a in n.names}  # fmt: skip
+    used = {w for _, code in got for w in re.findall(r"\w+", code)} & set(SET_UP_NAMES)
+    missing = sorted(f"{SET_UP_NAMES[w]}.{w}" for w in used if (SET_UP_NAMES[w], w) not in imported)
+    assert not missing, f"{name}: not imported: {missing}"
     modules = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert {"torch", "torch.distributed"} <= modules, f"{name}: imports {sorted(modules)}"
 
@@ -247,7 +258,7 @@ def test_every_variant_names_a_script_that_exists():
 
 def run_ranks(code: str, world: int, timeout: float, **extra) -> list[subprocess.CompletedProcess]:
     """Run SETUP + ``code`` as ranks 0..world-1 (plain env:// variables), each bounded."""
-    port = str(cenv.find_free_port())
+    port = str(find_free_port())
     procs = []
     script = textwrap.dedent(SETUP) + textwrap.dedent(code)
     for rank in range(world):
@@ -273,17 +284,17 @@ def run_ranks(code: str, world: int, timeout: float, **extra) -> list[subprocess
 
 @pytest.mark.parametrize(
     "value,seconds",
-    [(None, cenv.DEFAULT_TIMEOUT_S), ("5", 5), ("1800", 1800), ("0.5", 0.5)],
+    [(None, launch.DEFAULT_TIMEOUT_S), ("5", 5), ("1800", 1800), ("0.5", 0.5)],
 )
 def test_dist_timeout(value, seconds):
-    environ = {} if value is None else {cenv.TIMEOUT_VAR: value}
-    assert cenv.dist_timeout(environ) == datetime.timedelta(seconds=seconds)
+    environ = {} if value is None else {launch.TIMEOUT_VAR: value}
+    assert launch.dist_timeout(environ) == datetime.timedelta(seconds=seconds)
 
 
 @pytest.mark.parametrize("bad", ["soon", "0", "-3", "nan", "inf", ""])
 def test_bad_timeout_names_the_variable(bad):
-    with pytest.raises(LaunchError, match=f"{cenv.TIMEOUT_VAR}=.*positive number of seconds"):
-        cenv.dist_timeout({cenv.TIMEOUT_VAR: bad})
+    with pytest.raises(LaunchError, match=f"{launch.TIMEOUT_VAR}=.*positive number of seconds"):
+        launch.dist_timeout({launch.TIMEOUT_VAR: bad})
 
 
 @pytest.mark.timeout(120)
@@ -322,7 +333,7 @@ def test_duplicate_gpu_from_nccl_is_said_plainly():
     env = LaunchEnv(1, 1, 2, 2, 0, 1, "n1", 29500, "slurm", "n1", "7")
     exc = RuntimeError("NCCL error: invalid usage, NCCL version 2.21.5\nDuplicate GPU detected :"
                        " rank 1 and rank 0 both on CUDA device 1000")  # fmt: skip
-    message = cenv.init_error_message(env, exc)
+    message = launch.init_error_message(env, exc)
     assert message.startswith("rank 1: two ranks drive one GPU") and "\n" not in message
     assert "--gpus-per-task=1" in message
 
@@ -354,25 +365,25 @@ def launch_env(launcher, local_world_size):
     ],
 )
 def test_cpu_threads(launcher, procs, cpus, whole, environ, threads):
-    assert cenv.cpu_threads(launch_env(launcher, procs), environ, (cpus, whole)) == threads
+    assert launch.cpu_threads(launch_env(launcher, procs), environ, (cpus, whole)) == threads
 
 
 @pytest.mark.parametrize("bad", ["0", "four", "-1"])
 def test_bad_omp_num_threads_names_the_variable(bad):
     with pytest.raises(LaunchError, match="OMP_NUM_THREADS"):
-        cenv.cpu_threads(launch_env("slurm", 1), {"OMP_NUM_THREADS": bad}, (4, True))
+        launch.cpu_threads(launch_env("slurm", 1), {"OMP_NUM_THREADS": bad}, (4, True))
 
 
 def test_usable_cpus_without_linux_affinity(monkeypatch):
     """macOS has no os.sched_getaffinity: every CPU is usable."""
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
-    assert cenv.usable_cpus() == (os.cpu_count(), True)
+    assert launch.usable_cpus() == (os.cpu_count(), True)
 
 
 def test_usable_cpus_sees_a_narrowed_affinity():
     code = """
         import os
-        from common.env import usable_cpus
+        from common.launch import usable_cpus
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         print(*usable_cpus())
     """
@@ -388,12 +399,12 @@ def test_usable_cpus_sees_a_narrowed_affinity():
 
 def test_gpus_given_but_no_nvidia_device_goes_on_with_the_cpu(tmp_path):
     """The local cluster: SLURM's GPUs are bookkeeping, there is no /dev/nvidia*."""
-    cenv.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
+    gpu_checks.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
 
 
 def test_no_gpus_given_says_nothing(tmp_path):
     (tmp_path / "nvidia0").touch()
-    cenv.check_cuda_usable({}, str(tmp_path / "nvidia[0-9]*"))
+    gpu_checks.check_cuda_usable({}, str(tmp_path / "nvidia[0-9]*"))
 
 
 def test_gpus_given_and_present_but_unusable_stops(tmp_path):
@@ -403,7 +414,7 @@ def test_gpus_given_and_present_but_unusable_stops(tmp_path):
     (tmp_path / "nvidia0").touch()
     (tmp_path / "nvidia1").touch()
     with pytest.raises(LaunchError) as info:
-        cenv.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
+        gpu_checks.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
     message = str(info.value)
     assert "torch.version.cuda=" in message and "SLURM_GPUS_ON_NODE" in message
     assert "2 NVIDIA device(s)" in message

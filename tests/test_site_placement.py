@@ -29,8 +29,9 @@ pytestmark = pytest.mark.sites
 # One line per task: its node, the GPUs Slurm made visible and the index common/ picks.
 PICK = (
     "import json, os\n"
-    "from common.env import cuda_device_index, resolve_launch_env\n"
-    "env = resolve_launch_env(check=False)\n"
+    "from common.env import resolve_launch_env\n"
+    "from common.gpu_checks import cuda_device_index\n"
+    "env = resolve_launch_env()\n"
     "cvd = [g for g in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if g]\n"
     "i = cuda_device_index(env, len(cvd))\n"
     "print(json.dumps({'rank': env.rank, 'node': env.hostname, 'cvd': cvd, 'gpu': cvd[i]}))\n"

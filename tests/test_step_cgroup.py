@@ -22,7 +22,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.env import LaunchError, check_slurm_variables_kept  # noqa: E402
+from common.env import LaunchError  # noqa: E402
+from common.launch import check_slurm_variables_kept  # noqa: E402
 
 SLUID = "sEKNKTV3WPV500"  # 's' and 13 Crockford base32 digits (Slurm's sluid2str)
 V1_STEP = "6:freezer:/slurm_node1/uid_0/job_27/step_0\n4:memory:/slurm_node1/uid_0/job_27/step_0/task_0\n0::/\n"  # noqa: E501

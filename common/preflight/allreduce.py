@@ -9,7 +9,8 @@ import datetime
 import gc
 import time
 
-from common.env import LaunchEnv, cuda_device_index
+from common.env import LaunchEnv
+from common.gpu_checks import cuda_device_index
 from common.preflight.helpers import Problem, problem
 
 # What the check adds up. Every rank puts in rank + 1, afresh before each all_reduce, and every

@@ -13,7 +13,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from common.env import LaunchEnv, LaunchError, check_master_addr, find_free_port, resolve_launch_env
+from common.env import LaunchEnv, LaunchError, find_free_port, resolve_launch_env
+from common.launch import check_master_addr
 from common.preflight.allreduce import allreduce_problem, nccl_allreduce, tiny_allreduce
 from common.preflight.helpers import PREFIX, Problem, problem, problem_line
 from common.preflight.meeting import Outcome, meet, summary
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     when there is any (0 otherwise).  Every wait is bounded (``--timeout``, default 15 s per
     phase, and a watchdog over the whole run), so it never hangs: a task nobody hears from is
     reported as missing.  The checks each process of a lesson runs before it joins its group
-    are common/env.py's launch checks; this runs them too."""
+    are common/launch.py's and common/gpu_checks.py's; this runs them too."""
     parser = argparse.ArgumentParser(
         prog="python -m common.preflight",
         description="Check, before the real job, that the tasks of a distributed job can meet.",
@@ -136,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout = args.timeout if args.timeout is not None else _timeout_default(os.environ)
         if timeout <= 0:
             raise LaunchError(f"--timeout {timeout:g} must be a positive number of seconds")
-        env = resolve_launch_env(check=False)
+        env = resolve_launch_env()
         # A master address that does not resolve, or that is loopback in a job spanning several
         # nodes, leaves nowhere to meet: stop now rather than wait out the timeout. (Under
         # torchrun the agents already met; common.env leaves its address alone, and so do we.)

@@ -12,7 +12,8 @@ import threading
 import time
 from collections.abc import Mapping
 
-from common.env import LaunchEnv, LaunchError, check_port_free
+from common.env import LaunchEnv, LaunchError
+from common.launch import check_port_free
 from common.preflight.across import compare
 from common.preflight.helpers import clock_offset, problem
 from common.preflight.task import IFNAME_VARS, Facts

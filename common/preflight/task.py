@@ -12,7 +12,9 @@ import socket
 import struct
 from collections.abc import Mapping, Sequence
 
-from common.env import LaunchEnv, LaunchError, check_master_addr, cuda_device_index
+from common.env import LaunchEnv, LaunchError
+from common.gpu_checks import cuda_device_index
+from common.launch import check_master_addr
 from common.preflight.helpers import (
     Problem,
     gloo_ifname_matches,
@@ -149,7 +151,7 @@ def check_ifname_vars(
 def check_master(env: LaunchEnv) -> tuple[list[str], list[Problem]]:
     """The master address's IPs, and what is wrong with it as seen from this task.
 
-    common.env's own check first (it resolves, and is not ``localhost`` or a literal loopback
+    common.launch's own check first (it resolves, and is not ``localhost`` or a literal loopback
     address in a multi-node job).  A *name* that resolves to loopback (Debian's 127.0.1.1 for a
     node's own name) is a problem only when the tasks really sit on separate network stacks: on
     the course's local cluster every node is this machine and ``node1`` is 127.0.0.1.

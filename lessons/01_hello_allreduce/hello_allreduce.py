@@ -26,16 +26,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    find_free_port,
-    resolve_launch_env,
-)
+from common.env import LaunchError, find_free_port, resolve_launch_env
 from common.env_cli import nproc_per_node
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout
 
 
 def say(text: str) -> None:
@@ -63,6 +57,7 @@ def worker(index: int | None, nprocs: int, break_rank: int | None) -> None:
             env = resolve_launch_env()
         else:
             env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))
@@ -137,9 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     # task per GPU and we would spawn more on top) fails here with one clear message.
     try:
         if nprocs == 1:
-            preview = resolve_launch_env(check=False)
+            preview = resolve_launch_env()
         else:
-            preview = resolve_launch_env(spawn_index=0, spawn_nprocs=nprocs, check=False)
+            preview = resolve_launch_env(spawn_index=0, spawn_nprocs=nprocs)
     except LaunchError as exc:
         print(f"hello_allreduce: {exc}", file=sys.stderr)
         return 2

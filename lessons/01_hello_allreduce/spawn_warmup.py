@@ -24,15 +24,9 @@ from torch import nn
 from torch.multiprocessing.spawn import ProcessException
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    find_free_port,
-    resolve_launch_env,
-)
+from common.env import LaunchError, find_free_port, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout
 
 
 def say(text: str) -> None:
@@ -60,6 +54,7 @@ def worker(index: int, nprocs: int, steps: int) -> None:
     # starts with: this process's threads and device, and the process group.
     try:
         env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

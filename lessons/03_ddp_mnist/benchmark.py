@@ -32,7 +32,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent))  # the course root (common/)
-from common.env import dist_timeout, find_free_port, resolve_launch_env  # noqa: E402
+from common.env import find_free_port, resolve_launch_env  # noqa: E402
+from common.launch import check_launch, dist_timeout  # noqa: E402
 from common.mnist import build_model, build_optimizer, load_data, load_mnist  # noqa: E402
 
 GLOBAL_BATCH = 128  # train.py's default
@@ -62,6 +63,7 @@ def timed_steps(model, optimizer, x, y, batch, warmup, steps, sync=None) -> floa
 def join_group(index: int, nprocs: int):
     """train.py's set-up, on the CPU with gloo (the benchmark measures this machine)."""
     env = resolve_launch_env(spawn_index=index, spawn_nprocs=nprocs)
+    check_launch(env)
     dist.init_process_group("gloo", init_method=f"tcp://{env.master_addr}:{env.master_port}",
                             rank=env.rank, world_size=env.world_size, timeout=dist_timeout())
     return env

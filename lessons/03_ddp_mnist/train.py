@@ -27,15 +27,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 from common.mnist import MnistDataError, build_model, build_optimizer, evaluate, load_data
 
 
@@ -175,8 +169,9 @@ def main(argv=None) -> int:
     env = None
     try:
         # Who am I? Rank, local rank, world size, rank 0's host and port: from srun's SLURM_*
-        # variables or torchrun's RANK/WORLD_SIZE/MASTER_*, checked (common/env.py).
+        # variables or torchrun's RANK/WORLD_SIZE/MASTER_* (common/env.py).
         env = resolve_launch_env()
+        check_launch(env)  # the address, the port, rank 0's node: one line now, not a hang
         torch.set_num_threads(cpu_threads(env))  # this process's share of its task's CPUs
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

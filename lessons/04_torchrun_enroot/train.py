@@ -20,15 +20,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 
 def synthetic_regression(n_samples: int, n_features: int, seed: int) -> TensorDataset:
@@ -55,6 +49,7 @@ def main() -> int:
     env = None
     try:
         env = resolve_launch_env()  # under torchrun: RANK, LOCAL_RANK, WORLD_SIZE, MASTER_*
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))  # torchrun's OMP_NUM_THREADS, if it set one
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

@@ -36,13 +36,13 @@ from torch.utils.data import DistributedSampler
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.env import (
     LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
     resolve_launch_env,
 )
+from common.gpu_checks import (
+    check_cuda_usable,
+    cuda_device_index,
+)
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 from common.mnist import (  # lesson 03's model, data and evaluation
     MnistDataError,
     build_model,
@@ -290,9 +290,9 @@ def main(argv=None) -> int:
     # even while it still waits for the other ranks to start.
     stop = StopRequest()
     env = None
-    try:
-        # The set-up of lesson 03's train.py: who am I, which device, join the group.
+    try:  # the set-up of lesson 03's train.py: who am I, which device, join the group
         env = resolve_launch_env()
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

@@ -29,15 +29,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)\s*$")
@@ -126,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     env = None
     try:
         env = resolve_launch_env()
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

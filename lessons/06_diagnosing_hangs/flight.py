@@ -27,15 +27,9 @@ import torch
 import torch.distributed as dist
 from step import load_shard, say
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 
 def recorder_settings() -> str:
@@ -75,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         prefix = recorder_settings()
         env = resolve_launch_env()
+        check_launch(env)
     except LaunchError as exc:
         print(f"flight: {exc}", file=sys.stderr, flush=True)
         return 2

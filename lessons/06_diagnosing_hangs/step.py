@@ -28,13 +28,13 @@ import torch.distributed as dist
 
 from common.env import (
     LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
     resolve_launch_env,
 )
+from common.gpu_checks import (
+    check_cuda_usable,
+    cuda_device_index,
+)
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 
 def say(env, text: str) -> None:
@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mismatch-rank", type=int, default=None)
     parser.add_argument("--watchdog", type=float, default=None,
                         help="dump every thread's stack after this many seconds")
-    parser.add_argument("--pid-dir", default=None,
-                        help="write <host>-rank<R>.pid here, for py-spy on each node")
+    parser.add_argument("--pid-dir", help="write <host>-rank<R>.pid here, for py-spy on each node")
     args = parser.parse_args(argv)
 
     # Ask for stacks from outside (kill -USR1 / scancel --signal=USR1), or after a deadline.
@@ -74,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         env = resolve_launch_env()
+        check_launch(env)
     except LaunchError as exc:
         print(f"step: {exc}", file=sys.stderr, flush=True)
         return 2

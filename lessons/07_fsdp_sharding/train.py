@@ -38,15 +38,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 from common.mnist import MnistDataError, build_optimizer, load_data
 
 # "Stopped on request, checkpoint written, run me again" (EX_TEMPFAIL, as in lesson 05).
@@ -429,6 +423,7 @@ def main(argv=None) -> int:
         # Who am I? Rank, local rank, world size, rank 0's host and port: from srun's SLURM_*
         # variables or torchrun's RANK/WORLD_SIZE/MASTER_*, checked (common/env.py).
         env = resolve_launch_env()
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))  # this process's share of its task's CPUs
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

@@ -21,7 +21,8 @@ import torch.distributed as dist
 from mnist_files import RandomShift, seed_worker
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-from common.env import LaunchError, dist_timeout, init_error_message, resolve_launch_env
+from common.env import LaunchError, resolve_launch_env
+from common.launch import check_launch, dist_timeout, init_error_message
 
 
 class ShiftProbe(Dataset):
@@ -59,6 +60,7 @@ def main() -> int:
     env = None
     try:
         env = resolve_launch_env()
+        check_launch(env)
         dist.init_process_group(
             backend="gloo",  # only small Python objects travel: the CPU backend is enough
             init_method=f"tcp://{env.master_addr}:{env.master_port}",

@@ -22,7 +22,7 @@ import torch
 from mnist_files import DataFormError, RandomShift, open_dataset
 from torch.utils.data import DataLoader, Subset
 
-from common.env import usable_cpus
+from common.launch import usable_cpus
 
 
 def drop_from_page_cache(folder: Path) -> int:

@@ -24,15 +24,9 @@ from mnist_files import DEFAULT_OUT, DataFormError, RandomShift, open_dataset, s
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    process_cpus,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, dist_timeout, init_error_message, process_cpus
 from common.mnist import build_model, build_optimizer, normalize
 
 
@@ -259,6 +253,7 @@ def main(argv=None) -> int:
     env = None
     try:
         env = resolve_launch_env()  # rank, world size, rank 0's address: srun or torchrun
+        check_launch(env)
         cpus = process_cpus(env)  # this rank's CPUs, for torch's threads and the loader
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

@@ -48,7 +48,9 @@ from pp import build_stage  # noqa: E402
 from tinylm import TinyLM, batch, corpus, loss_fn  # noqa: E402
 from tp import shard_2d, sum_partial_grads, tp_plan  # noqa: E402
 
-from common.env import LaunchError, cuda_device_index, dist_timeout, resolve_launch_env  # noqa: E402
+from common.env import LaunchError, resolve_launch_env  # noqa: E402
+from common.gpu_checks import cuda_device_index  # noqa: E402
+from common.launch import check_launch, dist_timeout  # noqa: E402
 
 FORMS = ("ddp", "fsdp2", "tp", "pp", "2d")
 MIB = 2**20
@@ -353,6 +355,7 @@ def main(argv=None) -> int:
         # Who am I: rank, world size, node (by node from SLURM_NODEID, SLURM_LOCALID under
         # srun; RANK, WORLD_SIZE under torchrun), checked by common/env.py.
         env = resolve_launch_env()
+        check_launch(env)
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -33,7 +33,9 @@ from torch.distributed.pipelining import (
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinylm import TinyLM, batch, corpus, loss_fn  # noqa: E402
 
-from common.env import LaunchError, cuda_device_index, dist_timeout, resolve_launch_env  # noqa: E402
+from common.env import LaunchError, resolve_launch_env  # noqa: E402
+from common.gpu_checks import cuda_device_index  # noqa: E402
+from common.launch import check_launch, dist_timeout  # noqa: E402
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B, "interleaved": ScheduleInterleaved1F1B}
 
@@ -223,6 +225,7 @@ def main(argv=None) -> int:
         # Who am I: rank, world size (by node from SLURM_NODEID, SLURM_LOCALID under srun; RANK,
         # WORLD_SIZE under torchrun), checked by common/env.py.
         env = resolve_launch_env()
+        check_launch(env)
     except LaunchError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2

@@ -50,7 +50,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 # torchtitan's memory estimation use it the same way.
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
-from common.env import dist_timeout
+from common.launch import dist_timeout
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from model import CONFIGS, GPT, Attention, Block, Config, loss_fn, random_batch  # noqa: E402

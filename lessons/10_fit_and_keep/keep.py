@@ -35,15 +35,9 @@ from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceSt
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import DEFAULT_BATCH, build  # noqa: E402
@@ -200,6 +194,7 @@ def main(argv=None) -> int:
     env = None
     try:
         env = resolve_launch_env()
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

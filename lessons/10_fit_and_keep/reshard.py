@@ -34,15 +34,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from common.env import (
-    LaunchError,
-    check_cuda_usable,
-    cpu_threads,
-    cuda_device_index,
-    dist_timeout,
-    init_error_message,
-    resolve_launch_env,
-)
+from common.env import LaunchError, resolve_launch_env
+from common.gpu_checks import check_cuda_usable, cuda_device_index
+from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 
 # Lesson 09's model and its 2-D layout (tp.py's shard_2d), as lesson 09 trains them.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "09_beyond_data_parallel"))
@@ -199,6 +193,7 @@ def main(argv=None) -> int:
     env = None
     try:
         env = resolve_launch_env()
+        check_launch(env)
         torch.set_num_threads(cpu_threads(env))
         if torch.cuda.is_available():
             device = torch.device("cuda", cuda_device_index(env, torch.cuda.device_count()))

@@ -12,6 +12,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
 from common.env import resolve_launch_env  # noqa: E402
+from common.launch import check_launch  # noqa: E402
 
 # torch is imported where it is used, after the layout has been checked: a refusal (say, a
 # double spawn) then costs no torch import (~2 s of CPU).
@@ -21,8 +22,9 @@ def work(env):
     import torch
     import torch.distributed as dist
 
-    from common.env import cpu_threads, dist_timeout
+    from common.launch import cpu_threads, dist_timeout
 
+    check_launch(env)
     torch.set_num_threads(cpu_threads(env))
     dist.init_process_group("gloo", init_method=f"tcp://{env.master_addr}:{env.master_port}",
                             rank=env.rank, world_size=env.world_size,
@@ -57,7 +59,7 @@ def main():
     if args.spawn:
         # Check the layout here first: a refusal (say, a double spawn) then costs one process,
         # not a spawned child per GPU, each importing torch only to fail the same way.
-        resolve_launch_env(spawn_index=0, spawn_nprocs=args.spawn)
+        check_launch(resolve_launch_env(spawn_index=0, spawn_nprocs=args.spawn))
         import torch.multiprocessing as mp
 
         mp.spawn(spawned, args=(args.spawn,), nprocs=args.spawn, join=True)
