@@ -30,7 +30,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from common.env import LaunchError, cpu_threads, dist_timeout, resolve_launch_env
+from common.env import LaunchError, resolve_launch_env
+from common.launch import check_launch, cpu_threads, dist_timeout
 from common.mnist import MnistDataError, build_model, build_optimizer, load_data
 
 LIGHTHOUSE_VAR = "TORCHFT_LIGHTHOUSE"
@@ -169,6 +170,7 @@ def main(argv=None) -> int:
         # Who am I? A group is one process here: rank 0 of a world of 1, its own host and a
         # port derived from its own job id (common/env.py), for the group's own TCPStore.
         env = resolve_launch_env()
+        check_launch(env)  # the store's address and port: one line now, not a hang
         if env.world_size != 1:
             raise LaunchError(f"this lesson's replica groups are one process each, this one has "
                               f"{env.world_size}: start group.sh with --ntasks=1")  # fmt: skip
