@@ -33,7 +33,7 @@ done
 [[ $(id -u) == 0 ]] || { echo "error: setting a node DOWN needs root (scontrol update NodeName=... State=DOWN): run it as root on the cluster's host" >&2; exit 2; }
 command -v sbatch >/dev/null || { echo "error: no sbatch here: start the local cluster first (make cluster-up)" >&2; exit 2; }
 mkdir -p "$OUT" "$ROOT/runs"
-rm -f "$OUT"/*.out "$OUT/timeline.txt"
+rm -f "$OUT"/ft-fail-*.out "$OUT"/ft-steady-*.out "$OUT"/l05-fail-*.out "$OUT/timeline.txt"  # this script's own
 work=$(mktemp -d "$ROOT/runs/compare.XXXXXX")  # the jobs' own output: on the shared filesystem
 jobs=() tails=() down=""
 
