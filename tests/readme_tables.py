@@ -205,7 +205,7 @@ NOT_RUN = {
         "tests/test_lesson10.py::test_activation_checkpointing_same_numbers_fewer_activations"),
     "scancel --signal=KILL <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
     "bash lessons/11_torchft/compare.sh": (
-        NEEDS_ROOT, "sets the shared cluster's nodes DOWN; a benchmark of about 6 minutes, run for "
+        NEEDS_ROOT, "sets the shared cluster's nodes DOWN; a benchmark of about 5 minutes, run for "
         "the README, not in CI", ""),
 }
 

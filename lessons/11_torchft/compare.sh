@@ -2,7 +2,7 @@
 # Lesson 11: torchft's recovery against lesson 05's restart, on the same model and the same
 # failure (a node set DOWN, as an admin, or slurmctld for a node that stops answering, does it),
 # and the loss of a torchft run that lost a group against one that did not. Run for the README,
-# not in CI: about 6 minutes on the local cluster, as root (scontrol), from the course root:
+# not in CI: about 5 minutes on the local cluster, as root (scontrol), from the course root:
 #
 #   bash lessons/11_torchft/compare.sh          # writes lessons/11_torchft/compare/
 #
