@@ -112,7 +112,7 @@ def lesson05_figures(folder: Path, timeline) -> None:
           f"{second[0][0] - t_down:.2f} s")  # fmt: skip
 
 
-def loss_figures(folder: Path, ft: dict) -> None:
+def loss_figures(folder: Path, ft: dict) -> tuple:
     steady = ft_steps(stamped(one(folder, "ft-steady-g0-*.out")))
     loss_s = {s[1]: s[3] for s in steady}
     loss_f = {s[1]: s[3] for s in ft["fail"]}
@@ -132,7 +132,7 @@ def loss_figures(folder: Path, ft: dict) -> None:
                                                                 last)):  # fmt: skip
         print(f"  {name:18} steps {first:3}..{end:3}: failure run {mean(loss_f, first, end):.4f}"
               f", undisturbed {mean(loss_s, first, end):.4f}")
-    plot(folder, loss_s, loss_f, lo, hi)
+    return loss_s, loss_f, lo, hi
 
 
 def smooth(losses: dict[int, float], width: int = 25) -> tuple[list[int], list[float]]:
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
     timeline = stamped(timeline_path)
     ft = torchft_figures(folder, timeline)
     lesson05_figures(folder, timeline)
-    loss_figures(folder, ft)
+    plot(folder, *loss_figures(folder, ft))
     return 0
 
 
