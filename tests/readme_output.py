@@ -147,13 +147,14 @@ def _carry_count_as_said(command: Command, out: str) -> list[str]:
     return [f"README.md's count is stale; wc -l says: {w}" for w in wanted if w not in said]
 
 
-def _lines(pattern: str, count: int | None = None):
-    """Every line printed matches PATTERN (and there are COUNT of them, when given)."""
+def _lines(pattern: str, count: int | None = None, *, at_most: bool = False):
+    """Every line printed matches PATTERN (and there are COUNT of them, when given; AT_MOST:
+    COUNT or fewer, as `tail -n COUNT` of a log that a cluster just started has)."""
     def check(command: Command, out: str) -> list[str]:
         lines = out.splitlines()
         wrong = [line for line in lines if not re.fullmatch(pattern, line)]
-        if count is not None and len(lines) != count:
-            wrong.append(f"{len(lines)} lines, not {count}")
+        if count is not None and (len(lines) > count if at_most else len(lines) != count):
+            wrong.append(f"{len(lines)} lines, not {'at most ' if at_most else ''}{count}")
         return [f"not {pattern!r}: {w}" for w in wrong[:5]] or (
             [] if lines or count == 0 else ["nothing"])
     return check
@@ -181,8 +182,10 @@ CHECKS = {
     "wc -l lessons/03_ddp_mnist/train.py $(sed -n 's|^from common\\.\\([a-z_]*\\) import.*|"
     "common/\\1.py|p' lessons/03_ddp_mnist/train.py)": _carry_count_as_said,
     "scontrol show node node2 | grep -E 'State|Reason'": _lines(r"\s+State=IDLE .*", 1),
-    "tail -n 50 /var/lib/course-cluster/log/slurmd-node2.log": _lines(r"\[\d{4}-\S+\] .*", 50),
-    "tail -n 50 /var/lib/course-cluster/log/slurmctld.log": _lines(r"\[\d{4}-\S+\] .*", 50),
+    "tail -n 50 /var/lib/course-cluster/log/slurmd-node2.log": _lines(r"\[\d{4}-\S+\] .*", 50,
+                                                                at_most=True),
+    "tail -n 50 /var/lib/course-cluster/log/slurmctld.log": _lines(r"\[\d{4}-\S+\] .*", 50,
+                                                                at_most=True),
     'srun --ntasks="$SLURM_NNODES" --ntasks-per-node=1 python -m common.sysinfo': _once_per_node,
     "python -m common.mnist_prepare": _lines(
         r"MNIST is ready in \S+/data/mnist/MNIST/raw \(4 files, MD5 verified\)", 1),

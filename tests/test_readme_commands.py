@@ -101,9 +101,9 @@ def test_collection_finds_every_readme_command():
         "lessons/09_beyond_data_parallel/README.md": 7, "lessons/10_fit_and_keep/README.md": 8,
         "lessons/11_torchft/README.md": 6,
     }, counts
-    assert Command("lessons/03_ddp_mnist/README.md", 49, "sbatch lessons/03_ddp_mnist/job.sh") \
+    assert Command("lessons/03_ddp_mnist/README.md", 50, "sbatch lessons/03_ddp_mnist/job.sh") \
         in commands
-    assert Command("lessons/03_ddp_mnist/README.md", 51,
+    assert Command("lessons/03_ddp_mnist/README.md", 52,
                    "sbatch lessons/03_ddp_mnist/job.sh 2 --sync-bn", GPU_ONLY) in commands
     assert job_of("CHECKPOINT=checkpoints/mine.pt sbatch lessons/03_ddp_mnist/job.sh 3") == Job(
         (), "lessons/03_ddp_mnist/job.sh", ("3",), (("CHECKPOINT", "checkpoints/mine.pt"),))
