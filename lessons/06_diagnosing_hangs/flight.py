@@ -29,7 +29,12 @@ from step import load_shard, say
 
 from common.env import LaunchError, resolve_launch_env
 from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
+from common.launch import (
+    check_launch,
+    cpu_threads,
+    dist_timeout,
+    init_error_message,
+)
 
 
 def recorder_settings() -> str:
