@@ -57,6 +57,17 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
         path = Path(tmp_path) / f"{name}-{job}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
+    def same_state_after(healed: int, survivor: str, healer: str) -> str:
+        """Both groups' state hashes at the first logged step after HEALED are equal; the
+        healer's output."""
+        step = (healed // 25 + 1) * 25
+        for g in (survivor, healer):
+            wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
+                out("group", g)), GUARD_S)  # fmt: skip
+        text0, text1 = out("group", survivor), out("group", healer)
+        assert hashes(text1)[step] == hashes(text0)[step], (text0, text1)
+        return text1
+
     with cluster_lock():
         try:
             lh = sbatch(LIGHTHOUSE, name="lighthouse")
@@ -89,12 +100,7 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             print(f"group 1's requeued run healed {time.monotonic() - t_down:.1f} s after DOWN")
             assert int(job_record(g1)["Restarts"]) == 1
             assert int(healed[1]) > int(gone[1])
-            step = (int(healed[1]) // 25 + 1) * 25
-            for g in (g0, g1):
-                wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
-                    out("group", g)), GUARD_S)  # fmt: skip
-            text0, text1 = out("group", g0), out("group", g1)
-            assert hashes(text1)[step] == hashes(text0)[step], (text0, text1)
+            text1 = same_state_after(int(healed[1]), g0, g1)
             # srun's line, or slurmstepd's (whichever got out before the step ended, or both)
             assert re.search("node failure", text1, re.I) and "run 1 on " in text1, text1
 
@@ -105,12 +111,7 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             g1b = sbatch(GROUP, "1", name="group")
             healed = wait_for("the new group 1 to heal", lambda: re.search(
                 r"healed: step 0 -> (\d+)", out("group", g1b)), GUARD_S)  # fmt: skip
-            step = (int(healed[1]) // 25 + 1) * 25
-            for g in (g0, g1b):
-                wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
-                    out("group", g)), GUARD_S)  # fmt: skip
-            text0, text1b = out("group", g0), out("group", g1b)
-            assert hashes(text1b)[step] == hashes(text0)[step], (text0, text1b)
+            same_state_after(int(healed[1]), g0, g1b)
             assert "Lighthouse listening" in out("lighthouse", lh)
         finally:
             for job in jobs:
