@@ -1,18 +1,13 @@
 """Who am I in this job?  Rank, local rank, world size, node, and where rank 0 listens.
 
 :func:`resolve_launch_env` asks, in this order: torchrun / torch.distributed.launch (``RANK``,
-``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``, ``MASTER_ADDR``/``PORT``;
-set by hand: launcher "env"), srun (``SLURM_LOCALID``, ``SLURM_NODEID``, the step's
-``SLURM_STEP_*``; ranks numbered node by node as torchrun does; also where pyxis copied
-SLURM_PROCID/SLURM_LOCALID into RANK/LOCAL_RANK; a heterogeneous step's node by its name),
-``mp.spawn`` (the caller passes the child's index and count), else one plain process.  What
-would make the job hang later (a variable missing, malformed or disagreeing, a double spawn)
-raises :class:`LaunchError` at once, naming the variable and the fix.  It reads variables
-only: what would fail later against this machine is checked next, in one line of each lesson's
-set-up, by common/launch.py (the address, the port, rank 0's node, a cleared environment, with
-the set-up's threads and timeout) and common/gpu_checks.py (the GPU a rank drives, and whether
-torch can drive it); lesson 06's preflight runs those checks too.  ``srun python -m
-common.env``: each task's view (its command line is common/env_cli.py).
+``LOCAL_RANK``, ``WORLD_SIZE``, ... set by hand: launcher "env"), srun (``SLURM_PROCID``,
+``SLURM_LOCALID``, the step's ``SLURM_STEP_*``; ranks node by node as torchrun numbers them; also
+where pyxis copied them into RANK/LOCAL_RANK), ``mp.spawn`` (the child's index and count), else
+one plain process.  A variable missing, malformed or disagreeing, or a double spawn, raises
+:class:`LaunchError` at once, naming the variable and the fix.  It reads variables only; the
+machine is checked next, in one line of each lesson's set-up (common/launch.py).  ``srun python
+-m common.env``: each task's view (its command line is common/env_cli.py).
 """
 
 from __future__ import annotations
@@ -34,9 +29,8 @@ DEFAULT_MASTER_PORT = 29500  # torch's own default
 # Ports derived from a job id: unprivileged, and below Linux's ephemeral range (32768-60999,
 # /proc/sys/net/ipv4/ip_local_port_range), so outgoing connections never take them.
 MASTER_PORT_BASE, MASTER_PORT_SPAN = 15000, 15000
-# Step ids of the batch script, the extern step and salloc's shell (slurm.h: 0xfffffffa ...
-# 0xfffffffd).  Slurm 22.05-25.11 export no SLURM_STEP_ID there; 26.05 prints them with "%d"
-# (the batch script sees SLURM_STEP_ID=-5).  The unsigned form is accepted as well.
+# Step ids of the batch script, the extern step, salloc's shell (slurm.h: 0xfffffffa-d): 22.05 to
+# 25.11 export no SLURM_STEP_ID there, 26.05 prints them with "%d" (-5), or unsigned.
 SENTINEL_STEP_ID_MIN = 0xFFFFFFF0
 _SENTINEL_STEP_ID = re.compile(r"-(?:[1-9]|1[0-6])")
 # SLURM writes ASCII digits; int() would also take "1_0", "+3", " -2" or full-width digits.
@@ -51,8 +45,7 @@ class LaunchError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class LaunchEnv:
-    """This process's place in the job.  Where each field comes from, launcher by launcher:
-    torchrun's variable / srun's variable / mp.spawn / a plain process."""
+    """This process's place in the job; each field from torchrun / srun / mp.spawn / one process."""
 
     rank: int  # RANK / _SlurmStep.rank_by_node / task by node * nprocs + index / 0
     local_rank: int  # LOCAL_RANK / SLURM_LOCALID / ... ; rank on this node, picks the GPU
@@ -92,8 +85,8 @@ def _opt_int_var(environ, name: str, *, hint: str = "", minimum: int = 0) -> int
 
 
 def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
-    """``gpu[01-03,07],cpu5`` -> its host names (zero padding kept); ``variable`` is named in
-    the error.  python-hostlist where installed, else :func:`_expand_hostlist`."""
+    """``gpu[01-03,07],cpu5`` -> its host names (zero padding kept), by python-hostlist where
+    installed, else :func:`_expand_hostlist`; ``variable`` is named in the error."""
     try:
         hosts = (hostlist.expand_hostlist if hostlist else _expand_hostlist)(text)
     except RecursionError:  # python-hostlist recurses once per bracket group
@@ -108,9 +101,8 @@ def expand_hostlist(text: str, variable: str = "host list") -> list[str]:
 
 
 def _expand_hostlist(text: str) -> list[str]:
-    """SLURM's host list syntax where python-hostlist is not installed (container images: NGC,
-    pyxis; tests/test_env_input.py checks that the two agree): comma-separated names, each the
-    product of its ``[ranges]`` groups; ValueError where python-hostlist raises BadHostlist."""
+    """SLURM's host lists where python-hostlist is not installed (NGC images, pyxis), as it reads
+    them (tests/test_env_input.py): ValueError where it raises BadHostlist."""
     items, depth, start = [], 0, 0
     for i, char in enumerate(text):
         depth += {"[": 1, "]": -1}.get(char, 0)
@@ -177,8 +169,7 @@ def find_free_port() -> int:
 
 def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str] | None = None) -> str:
     """torchrun and torch.distributed.launch set the same variables; the latter passes
-    ``--local-rank=N`` unless ``--use-env``, and then only its agent's command line tells
-    (``ancestors``, else /proc: :func:`agent_launcher`).  No agent: "env"."""
+    ``--local-rank=N`` unless ``--use-env``, then only its agent's command line tells."""
     if any(a.startswith(("--local-rank", "--local_rank")) for a in argv[1:]):
         return "torch.distributed.launch"
     if "TORCHELASTIC_RUN_ID" not in environ:
@@ -187,9 +178,8 @@ def _torch_launcher(environ, argv: Sequence[str], ancestors: Sequence[str] | Non
 
 
 def _in_srun_step(environ: Mapping[str, str]) -> bool:
-    """True in a task started by srun.  The batch script also has SLURM_PROCID=0 and job-wide
-    counts (SLURM_NTASKS=4) but is one process: a task has a step id below the sentinels or,
-    with no step id at all, the step description only srun sets (SLURM_STEP_NUM_TASKS)."""
+    """True in a task started by srun (the batch script, one process, also has SLURM_PROCID=0):
+    a step id below the sentinels or, with none at all, srun's SLURM_STEP_NUM_TASKS."""
     if "SLURM_PROCID" not in environ:
         return False
     step_id = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID"))
@@ -215,11 +205,9 @@ class _SlurmStep:
 
     @property
     def rank_by_node(self) -> int:
-        """The rank counted node by node in the step's host list, as torchrun numbers its
-        workers: rank 0 runs on the first host, which every task names as MASTER_ADDR.
-        SLURM_PROCID is this only under srun's default block distribution: cyclic and plane
-        deal tasks across nodes, arbitrary follows SLURM_HOSTFILE, and from Slurm 26.05 a
-        topology plugin orders nodes by switch (srun(1) ``--distribution``)."""
+        """The rank counted node by node, as torchrun numbers workers: rank 0 on the first host,
+        which every task names as MASTER_ADDR.  SLURM_PROCID is that only under block
+        distribution (srun(1) ``--distribution``: cyclic, plane, arbitrary; 26.05's topology)."""
         return sum(self.tasks_per_node[: self.nodeid]) + self.localid
 
 
@@ -240,7 +228,6 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
         tasks_per_node = [ntasks]
     else:
         raise LaunchError(f"SLURM_STEP_TASKS_PER_NODE is not set. {fix}")
-
     nodeid = _node_index(environ, hosts, nodeid)
     mixed = "the SLURM variables come from different steps."
     if len(tasks_per_node) != len(hosts):
@@ -261,12 +248,9 @@ def _slurm_step(environ: Mapping[str, str]) -> _SlurmStep:
 
 def _node_index(environ: Mapping[str, str], hosts: list[str], nodeid: int) -> int:
     """This node's place in the step's host list: SLURM_NODEID, except in a heterogeneous step
-    (``srun A : B``, ``srun --het-group=0,1``).  There slurmstepd sets SLURM_NODEID to the
-    component's node offset plus the node's index in its component (exec_task,
-    src/slurmd/slurmstepd/task.c), while srun sorts the combined host list and the task counts
-    by name (_reorder_het_job_recs, src/srun/srun.c; Slurm 22.05 to 26.05), so the two disagree
-    when a later component has the lower node names.  The node's name (SLURMD_NODENAME) then
-    says where it is in that list; in any other step it names SLURM_NODEID's host."""
+    (``srun A : B``), where it is the component's offset plus the node's index in it (exec_task,
+    src/slurmd/slurmstepd/task.c) but srun sorts the host list by name (_reorder_het_job_recs,
+    src/srun/srun.c; 22.05 to 26.05): the node's name (SLURMD_NODENAME) says where it is."""
     node = environ.get("SLURMD_NODENAME", "")
     return hosts.index(node) if node in hosts else nodeid
 
@@ -283,14 +267,10 @@ def _double_spawn_error(step: _SlurmStep, inner: str, inner_count: int) -> Launc
 
 
 def _set_by_pyxis(environ: Mapping[str, str], argv: Sequence[str], step: _SlurmStep | None) -> bool:
-    """RANK and LOCAL_RANK as pyxis sets them in every task of ``srun --container-image`` with
-    an image that defines PYTORCH_VERSION (every NGC PyTorch image): SLURM_PROCID and
-    SLURM_LOCALID, over whatever the task had (pyxis_slurmstepd.c, slurm_spank_task_init ->
-    pytorch_setup, pytorch_remap_list).  enroot's optional hook 50-slurm-pytorch.sh adds
-    WORLD_SIZE=SLURM_NTASKS, MASTER_ADDR (the step's first host) and MASTER_PORT.  No agent
-    started this process, so these are srun's own numbers under other names, and the task is
-    read as srun's: ranks node by node, since SLURM_PROCID puts rank 0 wherever srun placed
-    task 0, not always on the first host, where MASTER_ADDR points (_SlurmStep.rank_by_node)."""
+    """RANK and LOCAL_RANK as pyxis sets them under ``srun --container-image`` with an image
+    defining PYTORCH_VERSION (NGC's): SLURM_PROCID and SLURM_LOCALID (pyxis_slurmstepd.c,
+    pytorch_setup); enroot's hook 50-slurm-pytorch.sh adds WORLD_SIZE=SLURM_NTASKS and
+    MASTER_ADDR/PORT.  srun's own numbers under other names: read as srun's (rank_by_node)."""
     if step is None or "TORCHELASTIC_RUN_ID" in environ or _torch_launcher(environ, argv) != "env":
         return False
     if any(v in environ for v in ("LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")):
@@ -307,9 +287,9 @@ def _from_torch_launcher(environ, argv, step):
     if launcher == "env" and step is not None:  # an srun task, where pyxis may have set them
         fix = (f"In this srun task RANK={environ.get('RANK', '<not set>')} and LOCAL_RANK="
                f"{environ.get('LOCAL_RANK', '<not set>')} are not SLURM_PROCID={step.procid} and "
-               f"SLURM_LOCALID={step.localid}, as pyxis sets them (srun --container-image with "
-               f"an image that defines PYTORCH_VERSION), which common.env reads as srun's own: "
-               f"unset RANK, LOCAL_RANK and WORLD_SIZE before srun, or set all three by hand.")
+               f"SLURM_LOCALID={step.localid}, as pyxis sets them (srun --container-image with an "
+               f"image that defines PYTORCH_VERSION), which common.env reads as srun's own: unset "
+               f"RANK, LOCAL_RANK and WORLD_SIZE before srun, or set all three by hand.")
     rank = _int_var(environ, "RANK", hint=fix)
     world_size = _int_var(environ, "WORLD_SIZE", hint=fix, minimum=1)
     local_rank = _opt_int_var(environ, "LOCAL_RANK")
@@ -321,9 +301,9 @@ def _from_torch_launcher(environ, argv, step):
         if world_size != step.ntasks:
             raise LaunchError(f"WORLD_SIZE={world_size} but srun started SLURM_STEP_NUM_TASKS="
                               f"{step.ntasks} tasks; unset WORLD_SIZE (common.env reads SLURM's "
-                              f"variables) or make them agree (enroot's pyxis hook "
-                              f"50-slurm-pytorch.sh sets it to SLURM_NTASKS: no srun "
-                              f"--preserve-env there).")  # fmt: skip
+                              f"variables) or make them agree (enroot's pyxis hook 50-slurm-"
+                              f"pytorch.sh sets it to SLURM_NTASKS: no srun --preserve-env "
+                              f"there).")  # fmt: skip
         local_rank = step.localid if local_rank is None else local_rank
         local_world_size = step.tasks_on_this_node if local_world_size is None else local_world_size
         node_rank = step.nodeid if node_rank is None else node_rank
@@ -368,10 +348,7 @@ def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index:
                        argv: Sequence[str] | None = None) -> LaunchEnv:  # fmt: skip
     """This process's place in the job, from ``environ`` (default ``os.environ``).  An
     ``mp.spawn`` child passes ``spawn_index`` and ``spawn_nprocs`` (processes per node);
-    ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``.  It reads
-    the variables only: the checks of this machine (the address resolves, rank 0 runs there, the
-    port is free, an srun task kept its SLURM_* variables) are common.launch.check_launch,
-    which every lesson calls next."""
+    ``argv`` (default ``sys.argv``) shows torch.distributed.launch's ``--local-rank``."""
     environ = os.environ if environ is None else environ
     argv = sys.argv if argv is None else argv
     step = _slurm_step(environ) if _in_srun_step(environ) else None
@@ -380,7 +357,6 @@ def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index:
         job_id = str(_parse_int(job_id, "SLURM_JOB_ID", minimum=1))
     if spawn_index is not None and spawn_nprocs is None:
         raise LaunchError("spawn_index given without spawn_nprocs (the nprocs passed to mp.spawn).")
-
     by_launcher = any(v in environ for v in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID"))
     if by_launcher and not _set_by_pyxis(environ, argv, step):
         if spawn_nprocs is not None and spawn_nprocs > 1:
@@ -396,7 +372,6 @@ def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index:
     else:
         found = ("single", 0, 0, 1, 1, 0, 1)
     launcher, rank, local_rank, world_size, local_world_size, node_rank, num_nodes = found
-
     _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes)
     gpus = gpus_on_node(environ)  # more ranks than GPUs: they would share one, or on the CPU
     if gpus and local_world_size > gpus:  # run another world size than the job asked for
@@ -404,14 +379,11 @@ def resolve_launch_env(environ: Mapping[str, str] | None = None, *, spawn_index:
                           f"SLURM_GPUS_ON_NODE={gpus} GPU(s): one process per GPU, so ask for "
                           f"--ntasks-per-node={gpus} (or --nproc-per-node={gpus}) or for "
                           f"--gres=gpu:{local_world_size}.")  # fmt: skip
-    env = LaunchEnv(
-        rank=rank, local_rank=local_rank, world_size=world_size,
-        local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
-        master_addr=_master_addr(environ, step, num_nodes),
-        master_port=_master_port(environ, job_id, world_size),
-        launcher=launcher, hostname=socket.gethostname(), job_id=job_id,
-    )  # fmt: skip
-    return env
+    return LaunchEnv(rank=rank, local_rank=local_rank, world_size=world_size,
+                     local_world_size=local_world_size, node_rank=node_rank, num_nodes=num_nodes,
+                     master_addr=_master_addr(environ, step, num_nodes),
+                     master_port=_master_port(environ, job_id, world_size), launcher=launcher,
+                     hostname=socket.gethostname(), job_id=job_id)  # fmt: skip
 
 
 def step_hosts(environ: Mapping[str, str]) -> list[str] | None:
@@ -419,19 +391,16 @@ def step_hosts(environ: Mapping[str, str]) -> list[str] | None:
     return _slurm_step(environ).hosts if _in_srun_step(environ) else None
 
 
-def _check_ranks(rank, world_size, local_rank, local_world_size, node_rank, num_nodes):
+def _check_ranks(rank, world_size, local_rank, local_ws, node_rank, nodes):
     if not 0 <= rank < world_size:
         raise LaunchError(f"RANK={rank} is not below WORLD_SIZE={world_size}; ranks run from 0 "
                           f"to WORLD_SIZE-1.")  # fmt: skip
-    if local_world_size < 1 or not 0 <= local_rank < local_world_size:
-        raise LaunchError(f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE="
-                          f"{local_world_size}.")  # fmt: skip
-    if local_world_size > world_size:
-        raise LaunchError(f"LOCAL_WORLD_SIZE={local_world_size} is larger than WORLD_SIZE="
-                          f"{world_size}.")  # fmt: skip
-    if not 0 <= node_rank < num_nodes:
-        raise LaunchError(f"node rank {node_rank} (GROUP_RANK/SLURM_NODEID) is not below "
-                          f"{num_nodes}.")  # fmt: skip
+    if local_ws < 1 or not 0 <= local_rank < local_ws:
+        raise LaunchError(f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_ws}.")
+    if local_ws > world_size:
+        raise LaunchError(f"LOCAL_WORLD_SIZE={local_ws} is larger than WORLD_SIZE={world_size}.")
+    if not 0 <= node_rank < nodes:
+        raise LaunchError(f"node rank {node_rank} (GROUP_RANK/SLURM_NODEID) is not below {nodes}.")
 
 
 def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
@@ -440,9 +409,8 @@ def gpus_on_node(environ: Mapping[str, str] | None = None) -> int:
 
 
 def _master_addr(environ, step, num_nodes) -> str:
-    """MASTER_ADDR, else the first host of the srun step (where rank 0 runs: rank_by_node),
-    else this machine: its SLURM node name (SLURMD_NODENAME, which a batch script can hand to
-    other nodes), else 127.0.0.1."""
+    """MASTER_ADDR, else the srun step's first host (rank 0's: rank_by_node), else this machine:
+    its SLURM node name (SLURMD_NODENAME, which a batch script can hand on), else 127.0.0.1."""
     if environ.get("MASTER_ADDR"):
         return environ["MASTER_ADDR"]
     if step is not None:
@@ -455,8 +423,7 @@ def _master_addr(environ, step, num_nodes) -> str:
 
 
 def _master_port(environ, job_id, world_size) -> int:
-    """MASTER_PORT, else derived from SLURM_JOB_ID, else any free port for a job of one
-    process (nobody has to agree on it), else torch's default."""
+    """MASTER_PORT, else from SLURM_JOB_ID, else a free port for one process, else torch's."""
     if environ.get("MASTER_PORT"):
         port = _parse_int(environ["MASTER_PORT"], "MASTER_PORT", hint="Use a port 1024-65535.")
         if not 1 <= port <= 65535:
@@ -470,7 +437,7 @@ def _master_port(environ, job_id, world_size) -> int:
 def ancestor_cmdlines(depth: int = 3) -> list[str]:
     """Command lines of the parent, grandparent, ... from /proc (empty where unreadable)."""
     lines, pid = [], os.getppid()
-    for _ in range(depth):
+    while pid > 1 and len(lines) < depth:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 lines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
@@ -478,16 +445,12 @@ def ancestor_cmdlines(depth: int = 3) -> list[str]:
                 pid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             break
-        if pid <= 1:
-            break
     return lines
 
 
 def agent_launcher(ancestors: Sequence[str] | None = None) -> str | None:
-    """For a worker of a torch agent (``_torch_launcher``): "torch.distributed.launch" when
-    ``python -m torch.distributed.launch`` shows in the nearest agent's command line (it hides
-    behind ``--use-env`` otherwise), "torchrun" for torchrun or torch.distributed.run, None when
-    neither shows.  ``ancestors``: the parents' command lines, nearest first (default /proc)."""
+    """"torch.distributed.launch" or "torchrun" (or torch.distributed.run), whichever shows first
+    in ``ancestors``, the parents' command lines nearest first (default /proc); else None."""
     for cmdline in ancestor_cmdlines() if ancestors is None else ancestors:
         program = cmdline.split()[:3]  # "python -m torch.distributed.launch", ".../bin/torchrun"
         if "torch.distributed.launch" in program:

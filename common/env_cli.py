@@ -23,8 +23,7 @@ from common.env import (
     gpus_on_node,
     resolve_launch_env,
 )
-from common.gpu_checks import cuda_device_index
-from common.launch import check_launch, check_master_addr
+from common.launch import check_launch, check_master_addr, cuda_device_index
 
 
 def nproc_per_node(environ: Mapping[str, str] | None = None) -> int:

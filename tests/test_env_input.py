@@ -28,8 +28,11 @@ from common.env import (  # noqa: E402
 )
 from common.env import _expand_hostlist as _expand_builtin  # noqa: E402
 from common.env_cli import GPU_DRIVER_FILES, _cuda_device_count, export_values  # noqa: E402
-from common.gpu_checks import check_cuda_usable, cuda_device_index  # noqa: E402
-from common.launch import check_launch  # noqa: E402
+from common.launch import (  # noqa: E402
+    check_cuda_usable,
+    check_launch,  # noqa: E402
+    cuda_device_index,
+)
 from tests.test_env_resolution import BATCH_SCRIPT, slurm_step, torchrun_worker  # noqa: E402
 
 # A documentation address (RFC 5737): resolves without DNS, is never contacted here.
@@ -179,7 +182,7 @@ def carried_alone(tmp_path, code: str, *args: str) -> list:
     project = tmp_path / "project"
     (project / "common").mkdir(parents=True)
     (project / "common" / "__init__.py").write_text("")
-    for name in ("env.py", "launch.py", "gpu_checks.py"):
+    for name in ("env.py", "launch.py"):
         shutil.copy(ROOT / "common" / name, project / "common")
     (tmp_path / "hostlist.py").write_text(
         'raise ModuleNotFoundError("no hostlist here", name="hostlist")\n')
@@ -204,7 +207,7 @@ def _answer(call, *args, **kwargs):
 ANSWER = """
 import json, sys
 import common.env as cenv
-import common.gpu_checks as gpu
+import common.launch as gpu
 from common.launch import check_launch
 from common.env import LaunchError
 def _answer(call, *args, **kwargs):

@@ -27,8 +27,7 @@ from common.env import (  # noqa: E402
     parse_tasks_per_node,
     resolve_launch_env,
 )
-from common.gpu_checks import cuda_device_index  # noqa: E402
-from common.launch import check_launch  # noqa: E402
+from common.launch import check_launch, cuda_device_index  # noqa: E402
 
 
 def resolve(environ, check=False, **kwargs):

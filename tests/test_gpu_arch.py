@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import gpu_checks as cenv  # noqa: E402
+from common import launch as cenv  # noqa: E402
 from common.env import LaunchError  # noqa: E402
 from tests.test_gpu_sharing_refusal import DRIVER, SCRIPTS  # noqa: E402
 

@@ -26,7 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import gpu_checks as cenv  # noqa: E402
+from common import launch as cenv  # noqa: E402
 from common.env import LaunchError  # noqa: E402
 
 CU130 = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]  # PyPI's 2.14.1 wheel

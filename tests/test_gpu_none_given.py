@@ -3,7 +3,7 @@ container started without its GPUs" or "a driver too old".
 
 Lesson 01's hello_allreduce.py runs as one process with the course's torch (which sees no CUDA
 device here, as under CUDA_VISIBLE_DEVICES="" on a GPU node), SLURM_GPUS_ON_NODE=1 and an NVIDIA
-device file made in a folder (common.gpu_checks.NVIDIA_DEVICE_GLOB pointed at it): the set-up stops
+device file made in a folder (common.launch.NVIDIA_DEVICE_GLOB pointed at it): the set-up stops
 before its process group, and what it says depends on CUDA_VISIBLE_DEVICES alone.
 """
 
@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "lessons" / "01_hello_allreduce" / "hello_allreduce.py"
 DRIVER = """
 import runpy, sys
-import common.gpu_checks
-common.gpu_checks.NVIDIA_DEVICE_GLOB = sys.argv.pop(1)  # this node's /dev/nvidia*, made by the test
+import common.launch
+common.launch.NVIDIA_DEVICE_GLOB = sys.argv.pop(1)  # this node's /dev/nvidia*, made by the test
 sys.argv = sys.argv[1:]  # the script, as `python script` sees it
 sys.path.insert(0, sys.argv[0].rpartition("/")[0])
 runpy.run_path(sys.argv[0], run_name="__main__")

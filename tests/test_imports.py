@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 # What a student carries home from lesson 03 besides train.py (README.md, "Taking it home"):
 # the files of common/ it imports; tests/test_lesson03.py runs train.py with exactly these.
-CARRIED = ("checkpoint.py", "env.py", "gpu_checks.py", "launch.py", "mnist.py")
+CARRIED = ("checkpoint.py", "env.py", "launch.py", "mnist.py")
 
 # The one exception: code under ``if __name__ == "__main__":`` runs only when its file is run as a
 # script, and that process's ``__main__`` is another module than the one the others import
@@ -172,7 +172,7 @@ def carried_set(graph) -> list[str]:
 def test_what_a_student_carries_imports_nothing_else_of_the_course():
     """The files of common/ that lesson 03's train.py imports need nothing else of the course:
     env.py's host list reader, the checks, mnist.py's MD5 check are theirs.  Who am I (env.py)
-    imports none of them; the checks import env.py, never the other way."""
+    imports none of them; the checks (launch.py) import env.py, never the other way."""
     graph = import_graph()
     carried = carried_set(graph)
     assert carried == [f"common.{name[:-3]}" for name in CARRIED], carried
@@ -180,8 +180,7 @@ def test_what_a_student_carries_imports_nothing_else_of_the_course():
              if b not in carried]  # fmt: skip
     assert not found, found
     assert graph["common.env"] == [], graph["common.env"]
-    for checks in ("common.launch", "common.gpu_checks"):
-        assert [b for b, _ in graph[checks]] == ["common.env"], graph[checks]
+    assert [b for b, _ in graph["common.launch"]] == ["common.env"], graph["common.launch"]
 
 
 def test_imports_go_one_way():

@@ -135,7 +135,7 @@ def test_gpus_without_the_drivers_libraries_name_ch_fromhost(home_tmp):
                     ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
     (home_tmp / "nvidia0").touch()
     code = ("import sys, torch\nfrom common.env import LaunchError\n"
-            "from common.gpu_checks import check_cuda_usable\n"
+            "from common.launch import check_cuda_usable\n"
             "try:\n    check_cuda_usable({'SLURM_GPUS_ON_NODE': '1'}, sys.argv[1])\n"
             "except LaunchError as exc:\n    sys.exit(f'error: {exc}')\n")  # fmt: skip
     proc = subprocess.run(

@@ -1,7 +1,7 @@
 """The set-up every lesson script does itself, and what common/ answers for it: who the process
-is (env.py); the checks of this machine, threads per process, the timeout and the one line a
-rank prints when the group cannot be joined (launch.py); the GPU a process drives and GPUs that
-torch cannot use (gpu_checks.py).
+is (env.py); the checks of this machine, the GPU a process drives and GPUs that torch cannot
+use, threads per process, the timeout and the one line a rank prints when the group cannot be
+joined (launch.py).
 
 The process tests start real gloo groups (plain processes on this machine), set up exactly as
 lesson 03's train.py does.
@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common import gpu_checks, launch  # noqa: E402
+from common import launch  # noqa: E402
 from common.env import LaunchEnv, LaunchError, find_free_port  # noqa: E402
 from tests.helpers import clean_environ  # noqa: E402
 
@@ -33,7 +33,7 @@ from tests.helpers import clean_environ  # noqa: E402
 SETUP = """
     import sys, torch, torch.distributed as dist
     from common.env import LaunchError, resolve_launch_env
-    from common.gpu_checks import check_cuda_usable, cuda_device_index
+    from common.launch import check_cuda_usable, cuda_device_index
     from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
     env = None
     try:
@@ -144,13 +144,13 @@ VARIANTS = {
                                  'sys.exit(f"error: {exc}")', "except dist.DistError as exc:",
                                  'sys.exit(f"error: {init_error_message(env, exc)}")']),
 }  # fmt: skip
-# Where each name of the set-up comes from: who am I; the checks of this machine and the
-# helpers; the GPU.
+# Where each name of the set-up comes from: who am I; the checks of this machine, the GPU and
+# the settings.
 SET_UP_NAMES = {
     **dict.fromkeys(("LaunchError", "resolve_launch_env"), "common.env"),
     **dict.fromkeys(("check_launch", "cpu_threads", "process_cpus", "dist_timeout",
-                     "init_error_message"), "common.launch"),
-    **dict.fromkeys(("cuda_device_index", "check_cuda_usable"), "common.gpu_checks"),
+                     "init_error_message", "cuda_device_index", "check_cuda_usable"),
+                    "common.launch"),
 }  # fmt: skip
 
 
@@ -399,12 +399,12 @@ def test_usable_cpus_sees_a_narrowed_affinity():
 
 def test_gpus_given_but_no_nvidia_device_goes_on_with_the_cpu(tmp_path):
     """The local cluster: SLURM's GPUs are bookkeeping, there is no /dev/nvidia*."""
-    gpu_checks.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
+    launch.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
 
 
 def test_no_gpus_given_says_nothing(tmp_path):
     (tmp_path / "nvidia0").touch()
-    gpu_checks.check_cuda_usable({}, str(tmp_path / "nvidia[0-9]*"))
+    launch.check_cuda_usable({}, str(tmp_path / "nvidia[0-9]*"))
 
 
 def test_gpus_given_and_present_but_unusable_stops(tmp_path):
@@ -414,7 +414,7 @@ def test_gpus_given_and_present_but_unusable_stops(tmp_path):
     (tmp_path / "nvidia0").touch()
     (tmp_path / "nvidia1").touch()
     with pytest.raises(LaunchError) as info:
-        gpu_checks.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
+        launch.check_cuda_usable({"SLURM_GPUS_ON_NODE": "2"}, str(tmp_path / "nvidia[0-9]*"))
     message = str(info.value)
     assert "torch.version.cuda=" in message and "SLURM_GPUS_ON_NODE" in message
     assert "2 NVIDIA device(s)" in message

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.sites
 PICK = (
     "import json, os\n"
     "from common.env import resolve_launch_env\n"
-    "from common.gpu_checks import cuda_device_index\n"
+    "from common.launch import cuda_device_index\n"
     "env = resolve_launch_env()\n"
     "cvd = [g for g in os.environ.get('CUDA_VISIBLE_DEVICES', '').split(',') if g]\n"
     "i = cuda_device_index(env, len(cvd))\n"

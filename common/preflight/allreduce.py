@@ -10,7 +10,7 @@ import gc
 import time
 
 from common.env import LaunchEnv
-from common.gpu_checks import cuda_device_index
+from common.launch import cuda_device_index
 from common.preflight.helpers import Problem, problem
 
 # What the check adds up. Every rank puts in rank + 1, afresh before each all_reduce, and every

@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     when there is any (0 otherwise).  Every wait is bounded (``--timeout``, default 15 s per
     phase, and a watchdog over the whole run), so it never hangs: a task nobody hears from is
     reported as missing.  The checks each process of a lesson runs before it joins its group
-    are common/launch.py's and common/gpu_checks.py's; this runs them too."""
+    are common/launch.py's; this runs them too."""
     parser = argparse.ArgumentParser(
         prog="python -m common.preflight",
         description="Check, before the real job, that the tasks of a distributed job can meet.",

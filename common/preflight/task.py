@@ -13,8 +13,7 @@ import struct
 from collections.abc import Mapping, Sequence
 
 from common.env import LaunchEnv, LaunchError
-from common.gpu_checks import cuda_device_index
-from common.launch import check_master_addr
+from common.launch import check_master_addr, cuda_device_index
 from common.preflight.helpers import (
     Problem,
     gloo_ifname_matches,

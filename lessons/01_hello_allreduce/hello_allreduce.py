@@ -28,8 +28,13 @@ from torch.multiprocessing.spawn import ProcessException
 
 from common.env import LaunchError, find_free_port, resolve_launch_env
 from common.env_cli import nproc_per_node
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+)
 
 
 def say(text: str) -> None:

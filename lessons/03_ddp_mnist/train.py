@@ -5,8 +5,9 @@ common/env.py who it is (rank, world size, rank 0's address), joins the process 
 replica of the same small CNN on its own share of the data, and DDP averages the gradients so
 that all replicas take the same step. Rank 0 alone prints and writes the checkpoint.
 
-To carry it into your project: this file and the three files of common/ it imports, env.py
-(who am I in the job), mnist.py (the data, the model, the evaluation) and checkpoint.py.
+To carry it into your project: this file and the four files of common/ it imports: env.py
+(who am I in the job), launch.py (the checks before the group), mnist.py (the data, the model,
+the evaluation) and checkpoint.py.
 Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
     python lessons/03_ddp_mnist/train.py --epochs 1 --train-subset 2048
     torchrun --standalone --nproc-per-node 2 lessons/03_ddp_mnist/train.py --epochs 1
@@ -28,8 +29,14 @@ from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+)
 from common.mnist import MnistDataError, build_model, build_optimizer, evaluate, load_data
 
 

@@ -21,8 +21,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+)
 
 
 def synthetic_regression(n_samples: int, n_features: int, seed: int) -> TensorDataset:

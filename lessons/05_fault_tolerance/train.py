@@ -34,15 +34,15 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from common.env import (
-    LaunchError,
-    resolve_launch_env,
-)
-from common.gpu_checks import (
+from common.env import LaunchError, resolve_launch_env
+from common.launch import (
     check_cuda_usable,
+    check_launch,
+    cpu_threads,
     cuda_device_index,
+    dist_timeout,
+    init_error_message,
 )
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
 from common.mnist import (  # lesson 03's model, data and evaluation
     MnistDataError,
     build_model,

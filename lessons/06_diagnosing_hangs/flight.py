@@ -3,11 +3,10 @@
     --skip-rank R   rank R has no batch at step 2 and skips that step's all_reduce: a branch
                     only one rank takes (uneven data, an early stop decided per rank)
 
-torch's flight recorder keeps the last TORCH_FR_BUFFER_SIZE collectives of each process in
-memory (2000 unless set; 0 turns it off): the group, the collective's sequence number in it,
-the operation, the sizes, and the Python stack that called it. Each rank writes its record to
-the file TORCH_FR_DUMP_TEMP_FILE<rank> as it ends, whatever happened, and torch's analyser
-lines up the files of all ranks and names the first collective that not every rank joined:
+torch's flight recorder keeps each process's last TORCH_FR_BUFFER_SIZE collectives (2000 unless
+set; 0 turns it off): group, sequence number, operation, sizes and the Python stack that called
+it. Each rank writes its record to TORCH_FR_DUMP_TEMP_FILE<rank> as it ends, whatever happened,
+and torch's analyser lines up all ranks' files and names the first collective not all joined:
 
     python -m torch.distributed.flight_recorder.fr_trace <folder of the files>
 
@@ -28,10 +27,11 @@ import torch.distributed as dist
 from step import load_shard, say
 
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
 from common.launch import (
+    check_cuda_usable,
     check_launch,
     cpu_threads,
+    cuda_device_index,
     dist_timeout,
     init_error_message,
 )

@@ -39,8 +39,14 @@ from torch.utils.data import DistributedSampler
 
 from common.checkpoint import CheckpointError
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+)
 from common.mnist import MnistDataError, build_optimizer, load_data
 
 # "Stopped on request, checkpoint written, run me again" (EX_TEMPFAIL, as in lesson 05).

@@ -25,8 +25,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, Subset
 
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, dist_timeout, init_error_message, process_cpus
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+    process_cpus,
+)
 from common.mnist import build_model, build_optimizer, normalize
 
 

@@ -49,8 +49,7 @@ from tinylm import TinyLM, batch, corpus, loss_fn  # noqa: E402
 from tp import shard_2d, sum_partial_grads, tp_plan  # noqa: E402
 
 from common.env import LaunchError, resolve_launch_env  # noqa: E402
-from common.gpu_checks import cuda_device_index  # noqa: E402
-from common.launch import check_launch, dist_timeout  # noqa: E402
+from common.launch import check_launch, cuda_device_index, dist_timeout  # noqa: E402
 
 FORMS = ("ddp", "fsdp2", "tp", "pp", "2d")
 MIB = 2**20

@@ -10,7 +10,7 @@
 #
 # CPU nodes (gloo), as on the course's local cluster. On GPU nodes ask for one GPU per task
 # (`#SBATCH --gpus-per-task=1`): pp.py then takes the GPU Slurm gave the task (cuda:0, the one
-# it sees: cuda_device_index in common/gpu_checks.py) and NCCL.
+# it sees: cuda_device_index in common/launch.py) and NCCL.
 #SBATCH --job-name=pp
 #SBATCH --output=%x-%j.out
 #SBATCH --nodes=2                  # a pipeline sends only activations at the cuts: nodes are fine

@@ -38,8 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tinylm import TinyLM, batch, corpus, loss_fn  # noqa: E402
 
 from common.env import LaunchError, resolve_launch_env  # noqa: E402
-from common.gpu_checks import cuda_device_index  # noqa: E402
-from common.launch import check_launch, dist_timeout  # noqa: E402
+from common.launch import check_launch, cuda_device_index, dist_timeout  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

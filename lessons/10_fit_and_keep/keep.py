@@ -36,8 +36,14 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import DEFAULT_BATCH, build  # noqa: E402

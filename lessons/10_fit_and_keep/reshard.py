@@ -35,8 +35,14 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor.parallel import loss_parallel
 
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+)
 
 # Lesson 09's model and its 2-D layout (tp.py's shard_2d), as lesson 09 trains them.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "09_beyond_data_parallel"))

@@ -27,8 +27,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.profiler import ProfilerActivity, profile
 
 from common.env import LaunchError, resolve_launch_env
-from common.gpu_checks import check_cuda_usable, cuda_device_index
-from common.launch import check_launch, cpu_threads, dist_timeout, init_error_message
+from common.launch import (
+    check_cuda_usable,
+    check_launch,
+    cpu_threads,
+    cuda_device_index,
+    dist_timeout,
+    init_error_message,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fit import DEFAULT_BATCH, MIB, build, count, estimate, parse_or_why  # noqa: E402
