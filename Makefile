@@ -89,7 +89,7 @@ lint: venv
 # submit a job shows the stored output of a real run instead, since tests/test_lessonNN.py
 # submits the same job scripts to the cluster and checks what they print. Two lanes
 # (pytest-xdist): the cluster tests one after another on one worker, which waits for their
-# jobs, and the rest, a file or a notebook at a time, beside them (see tests/conftest.py).
+# jobs, and the rest, a file or a notebook at a time, beside them (see tests/lanes.py).
 # The tests marked lesson09, lesson10 and lesson11 (those lessons' tests) and sites (what
 # sites that differ from the local cluster do to the jobs: --export=NONE, a /tmp shared by
 # every job of a node, rank 0 elsewhere, GPU binding, a resume on fewer GPUs) run in lanes of
@@ -100,7 +100,7 @@ test: setup
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup --durations=30 -m "not lesson09 and not lesson10 and not lesson11 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
-# (tests/conftest.py: every lesson's job scripts at least once, and every test whose expectation
+# (tests/lanes.py: every lesson's job scripts at least once, and every test whose expectation
 # differs between versions), on the cluster running each Slurm of $(SLURM_LANE) in turn, all
 # under the cluster lock; the cluster is put back on the default version at the end, whatever
 # the result. The lessons' job scripts (marked lesson_job) run on the last version of the lane

@@ -7,7 +7,7 @@ already cancelled and completing, so without the job-state check the cancelled j
 PENDING and ran again (measured on 22.05: RUNNING again 25 s later, Restarts=1). A real job on
 the local cluster, as the README submits it (SUBSET for a shorter epoch), cancelled once it
 trains. The two scripts share the rules (common/job_env.sh): lesson 05's runs on 22.05 (make
-test-long), lesson 07's on the newest Slurm (make test-slurm, tests/conftest.py's EVERY_SLURM);
+test-long), lesson 07's on the newest Slurm (make test-slurm, tests/lanes.py's EVERY_SLURM);
 both came back before the fix (22.05).
 """
 

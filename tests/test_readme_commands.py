@@ -4,7 +4,7 @@ tests/readme_commands.py finds the commands (the fenced code blocks of README.md
 and lessons/*/README.md, and the conventions that mark them) and tests/readme_tables.py puts each
 in one class (one test id per README line). A command passes only where it ran here; every other
 one is skipped with its reason, and pytest's summary counts them (``summary()``, printed by
-tests/conftest.py):
+tests/lanes.py):
 
 * ``quick``: finishes in seconds: run (marked ``readme``, ``make test-readme``) from the course
   root with only the venv active (``VIRTUAL_ENV``, ``.venv/bin`` first on ``PATH``; no
@@ -182,7 +182,7 @@ def test_readme_command(command):
 
 # --------------------------------------------------------------------------- the other tests
 
-# Which `make` lane runs a test, by its marks (tests/conftest.py); the rest run in make test.
+# Which `make` lane runs a test, by its marks (tests/lanes.py); the rest run in make test.
 LANES = (("lesson09", "make test-lesson09"), ("lesson10", "make test-lesson10"),
          ("lesson11", "make test-lesson11"), ("scale", "make test-scale"),
          ("sites", "make test-sites"), ("long", "make test-long"), ("readme", "make test-readme"))
@@ -249,7 +249,7 @@ def test_a_test_renamed_is_caught_and_a_make_target_read():
 # --------------------------------------------------------------------------- the summary
 
 def summary(stats: dict) -> list[str]:
-    """Lines for pytest's summary (tests/conftest.py): how many README commands ran here, how
+    """Lines for pytest's summary (tests/lanes.py): how many README commands ran here, how
     are left to other tests (by lane: only their records say whether they ran them), how many
     were skipped, by reason."""
     def ours(key):

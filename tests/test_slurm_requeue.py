@@ -14,7 +14,7 @@ epoch): an administrator's `scontrol requeue` of the running job, and a preempti
 urgent partition with the job's partition set to `GraceTime=0` for the test (restored after,
 under the cluster lock, so no other job sees it): what a site's partitions and its admins do to
 a job, so marked `sites`. Lesson 05's job runs on 22.05 (make test-sites), lesson 07's on 26.05
-(make test-slurm; tests/conftest.py's EVERY_SLURM): the two scripts share the rule
+(make test-slurm; tests/lanes.py's EVERY_SLURM): the two scripts share the rule
 (common/job_env.sh). Both fail with the rule taken out ("cancelled with
 scancel ... To go on later: ... sbatch ...").
 
