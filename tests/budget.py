@@ -9,7 +9,7 @@ cluster already up, and prints:
 * the wall time and the CPU time of the whole machine over the run (from /proc/stat), and the
   CPU floor: CPU time / cores, what the run would take if every core were busy throughout;
 * each lane's test time (the cluster tests run one after another on one pytest-xdist worker,
-  everything else on the other, see tests/conftest.py) and its slowest tests;
+  everything else on the other, see tests/lanes.py) and its slowest tests;
 * what one `import torch` costs on this machine, since most of the suite's CPU time is
   processes that start torch (every rank of every job and local run starts its own).
 
