@@ -51,8 +51,7 @@ from common.mnist import MnistDataError, build_optimizer, load_data
 
 # "Stopped on request, checkpoint written, run me again" (EX_TEMPFAIL, as in lesson 05).
 REQUEUE_EXIT_CODE = 75
-# What must be equal for a checkpoint to be continued: the model's shape and the recipe.
-# The world size is not in it: that is what may change.
+# What a checkpoint continued must match: the model's shape and the recipe (not the world size).
 RECIPE = ("width", "depth", "epochs", "batch_size", "lr", "seed", "train_subset")
 
 
@@ -91,10 +90,9 @@ def shard_model(model: Net, precision: str) -> Net:
     root takes what is left (stem, head). Sharding only the root would gather the whole model
     at once, which is the memory that sharding was meant to save."""
     if precision == "bf16":
-        # Parameters are gathered and computed in bf16 (half the all-gather traffic and the
-        # memory of a gathered block); gradients are reduced in fp32, because a sum over many
-        # ranks in bf16 (8 bits of mantissa) loses the small contributions; the optimizer
-        # updates the sharded fp32 parameters (the "master weights").
+        # Parameters gathered and computed in bf16 (half the all-gather traffic and memory);
+        # gradients reduced in fp32, since a sum over many ranks in bf16 (8 bits of mantissa)
+        # loses small contributions; the optimizer updates the sharded fp32 "master weights".
         block_mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         root_mp = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16, reduce_dtype=torch.float32, output_dtype=torch.float32
@@ -127,8 +125,7 @@ class StopRequest:
 
 
 def print0(*args, **kwargs) -> None:
-    """print() on rank 0 only, in one write: the ranks (and torchrun's log prefixes) share the
-    job's output, and a newline written on its own could land among another process's lines."""
+    """print() on rank 0, text and newline in one write: no other process's line lands between."""
     if dist.get_rank() == 0:
         print(" ".join(map(str, args)) + "\n", end="", flush=True, **kwargs)
 
@@ -208,7 +205,8 @@ def resume(root: Path, args, model, optimizer, scheduler, device) -> dict | None
     try:
         dcp.load({"progress": progress}, checkpoint_id=path)
     except Exception as exc:  # DCP wraps every rank's error in one CheckpointException
-        reason = _first_line(exc)
+        text = str(exc).strip()
+        reason = (text.splitlines()[0] if text else type(exc).__name__)[:160]
         raise CheckpointError(f"cannot read checkpoint {path} ({reason}); {fix}") from None
     want = {k: getattr(args, k) for k in RECIPE}
     if progress["recipe"] != want:
@@ -228,21 +226,13 @@ def resume(root: Path, args, model, optimizer, scheduler, device) -> dict | None
     return progress
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return (text.splitlines()[0] if text else type(exc).__name__)[:160]
-
-
 # --------------------------------------------------------------------------- training
 
 
 def evaluate(model, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000):
-    """(loss, accuracy %) on the whole test set, each rank scoring a slice.
-
-    Under FSDP every forward all-gathers each block from all ranks, so every rank must run the
-    same number of forward passes: a rank with one batch more would wait for ever. The slices
-    differ by at most one image; the batch count is the same on every rank (a last batch may
-    be empty)."""
+    """(loss, accuracy %) on the whole test set, each rank scoring a slice.  Every forward
+    all-gathers each block from all ranks, so every rank runs the same number of batches (the
+    slices differ by one image at most, a last batch may be empty): one more would wait for ever."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     mine = torch.tensor_split(torch.arange(len(x), device=x.device), world_size)[rank]
     batches = -(-(len(x) // world_size + 1) // batch_size)
@@ -263,11 +253,8 @@ def evaluate(model, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1000):
 
 def local_bytes(tensors) -> int:
     """Bytes of the tensors as this rank holds them (a DTensor: its local shard only)."""
-    total = 0
-    for t in tensors:
-        t = t.to_local() if hasattr(t, "to_local") else t
-        total += t.numel() * t.element_size()
-    return total
+    local = [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return sum(t.numel() * t.element_size() for t in local)
 
 
 def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest) -> int:
@@ -293,10 +280,9 @@ def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest
     sampler = DistributedSampler(range(len(train_x)), env.world_size, env.rank, seed=args.seed)
     steps_per_epoch = -(-len(sampler) // per_rank_batch)
 
-    # Every rank builds the same full model from the same seed and keeps its own slice of it.
-    # FSDP2 has no sync_module_states (FSDP1's broadcast from rank 0) and DDP's broadcast
-    # does not happen here: the seed is the agreement. (For a model that does not fit one
-    # rank, build it on the meta device instead: memory.py.)
+    # Every rank builds the same full model from the same seed and keeps its own slice: FSDP2
+    # has no sync_module_states (FSDP1's broadcast from rank 0), the seed is the agreement.
+    # (For a model that does not fit one rank, build it on the meta device: memory.py.)
     torch.manual_seed(args.seed)
     model = Net(args.width, args.depth).to(device)
     if args.wrap == "fsdp":
@@ -381,12 +367,10 @@ def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest
         dist.all_reduce(loss_sum)  # each rank saw its own share: sum over all ranks
         test_loss, test_acc = evaluate(model, test_x, test_y)
         train_loss = (loss_sum[0] / loss_sum[1]).item()
-        print0(
-            f"epoch {epoch + 1}/{args.epochs} | train_loss {train_loss:.4f} "
-            f"| test_loss {test_loss:.4f} | test_acc {test_acc:.2f}% "
-            f"| {steps_run * args.batch_size / train_time:.0f} samples/s "
-            f"| epoch_time {time.perf_counter() - t0:.1f}s"
-        )
+        rate = steps_run * args.batch_size / train_time
+        print0(f"epoch {epoch + 1}/{args.epochs} | train_loss {train_loss:.4f} | test_loss "
+               f"{test_loss:.4f} | test_acc {test_acc:.2f}% | {rate:.0f} samples/s | epoch_time "
+               f"{time.perf_counter() - t0:.1f}s")  # fmt: skip
         if args.checkpoint_dir:
             progress = _progress(args, epoch + 1, 0, done, torch.zeros(2), env)
             secs = save(args.checkpoint_dir, done, model, optimizer, scheduler, progress)
@@ -461,9 +445,8 @@ def main(argv=None) -> int:
         return 2
     finally:
         dist.destroy_process_group()  # frees the group's resources (it is not a barrier)
-        # What still points at the destroyed group (the sharded model, DTensors in reference
-        # cycles) goes now: left to interpreter exit, gloo's threads can abort the process
-        # (exit -6), as in lesson 03's train.py.
+        # What still points at the destroyed group (the sharded model, DTensors in cycles) goes
+        # now: left to interpreter exit, gloo's threads can abort the process (exit -6).
         gc.collect()
 
 
