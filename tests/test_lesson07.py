@@ -145,6 +145,27 @@ def test_checkpoint_of_another_recipe_is_one_line(five_steps):
 
 
 @pytest.mark.timeout(TIMEOUT + 30)
+def test_damaged_checkpoint_is_one_line(five_steps):
+    """A .metadata cut short (a copy gone wrong, a full disk): DCP wraps each rank's error in a
+    CheckpointException, a BaseException that ``except Exception`` does not catch; rank 0 says
+    the first rank's in one line, and no rank ends in a traceback through the lesson's code
+    (torch's own warnings, with the tracebacks it logs, come first)."""
+    tmp, _ = five_steps
+    shutil.copytree(tmp / "fsdp", tmp / "damaged")
+    metadata = tmp / "damaged" / "step-00000005" / ".metadata"
+    metadata.write_bytes(metadata.read_bytes()[:40])
+    proc = train(2, "--max-steps", "7", "--checkpoint-dir", str(tmp / "damaged"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, proc.stderr
+    assert f'File "{LESSON}' not in proc.stderr, proc.stderr
+    assert errors[0].startswith(f"error: cannot read checkpoint {tmp}/damaged/step-00000005 ("), \
+        errors[0]
+    assert errors[0].endswith("; pass another --checkpoint-dir (CHECKPOINT_DIR) or delete "
+                              f"{tmp}/damaged to start afresh"), errors[0]  # fmt: skip
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
 @pytest.mark.parametrize(("nprocs", "name", "why"), [
     (1, "ckpt", "is a file, not a folder"),
     (2, "ckpt/sub", "is under {file}, a file"),  # 2 ranks: both stop, neither waits

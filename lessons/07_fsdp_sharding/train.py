@@ -204,9 +204,11 @@ def resume(root: Path, args, model, optimizer, scheduler, device) -> dict | None
                 "world_size": 0, "recipe": dict.fromkeys(RECIPE)}  # fmt: skip
     try:
         dcp.load({"progress": progress}, checkpoint_id=path)
-    except Exception as exc:  # DCP wraps every rank's error in one CheckpointException
-        text = str(exc).strip()
-        reason = (text.splitlines()[0] if text else type(exc).__name__)[:160]
+    except (Exception, dcp.CheckpointException) as exc:  # the latter is a BaseException
+        # DCP wraps each rank's error in one CheckpointException: say the first rank's.
+        cause = next(iter(exc.failures.values()))[0] if hasattr(exc, "failures") else exc
+        text = str(cause).strip()
+        reason = (text.splitlines()[0] if text else type(cause).__name__)[:160]
         raise CheckpointError(f"cannot read checkpoint {path} ({reason}); {fix}") from None
     want = {k: getattr(args, k) for k in RECIPE}
     if progress["recipe"] != want:
