@@ -193,6 +193,22 @@ def test_export_without_a_checkpoint_is_one_line(tmp_path):
     ], proc.stderr
 
 
+def test_export_of_a_damaged_checkpoint_is_one_line(five_steps):
+    tmp, _ = five_steps
+    shutil.copytree(tmp / "fsdp", tmp / "damaged-export")
+    step = tmp / "damaged-export" / "step-00000005"
+    (step / ".metadata").write_bytes((step / ".metadata").read_bytes()[:40])
+    proc = subprocess.run([sys.executable, str(LESSON / "export.py"), str(step)],
+                          capture_output=True, text=True, timeout=TIMEOUT, cwd=ROOT,
+                          env=job_environ({"PYTHONPATH": str(ROOT)}))  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: cannot read checkpoint {step} (") and last.endswith(
+        "): pass another checkpoint folder"), proc.stderr
+    assert f'File "{LESSON}' not in proc.stderr, proc.stderr
+    assert not (tmp / "damaged-export" / "model.pt").exists()
+
+
 # --------------------------------------------------------------------------- stored outputs
 
 

@@ -22,18 +22,22 @@ from pathlib import Path
 import torch
 import torch.distributed.checkpoint as dcp
 
-from common.checkpoint import save_checkpoint
+from common.checkpoint import CheckpointError, save_checkpoint
 from common.mnist import MnistDataError, load_mnist, normalize
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train import RECIPE, Net, latest_checkpoint  # noqa: E402  (this lesson's train.py)
+from train import RECIPE, Net, dcp_failure, latest_checkpoint  # noqa: E402  (lesson 07's train.py)
 
 
 def export(path: Path, out: Path) -> dict:
     """Write the model of DCP checkpoint ``path`` to ``out``; returns the checkpoint's recipe."""
     progress = {"global_step": 0, "world_size": 0, "recipe": dict.fromkeys(RECIPE)}
     # no_dist: this one process reads the files of all the ranks that wrote the checkpoint.
-    dcp.load({"progress": progress}, checkpoint_id=path, no_dist=True)
+    try:
+        dcp.load({"progress": progress}, checkpoint_id=path, no_dist=True)
+    except (Exception, dcp.CheckpointException) as exc:  # the latter is a BaseException
+        raise CheckpointError(f"cannot read checkpoint {path} ({dcp_failure(exc)}): pass "
+                              f"another checkpoint folder") from None  # fmt: skip
     recipe = progress["recipe"]
     model = Net(recipe["width"], recipe["depth"])
     state = {"model": model.state_dict()}  # the keys to read, and tensors to read them into
@@ -75,7 +79,11 @@ def main(argv=None) -> int:
     # dcp.load warns that it runs in a single process even when asked to (no_dist=True).
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     t0 = time.perf_counter()
-    progress = export(path, out)
+    try:
+        progress = export(path, out)
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     recipe = progress["recipe"]
     print(f"exported {path.name} (saved by {progress['world_size']} ranks) to {out}: "
           f"{out.stat().st_size / 2**20:.1f} MiB in {time.perf_counter() - t0:.2f} s")  # fmt: skip

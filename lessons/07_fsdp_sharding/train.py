@@ -205,10 +205,7 @@ def resume(root: Path, args, model, optimizer, scheduler, device) -> dict | None
     try:
         dcp.load({"progress": progress}, checkpoint_id=path)
     except (Exception, dcp.CheckpointException) as exc:  # the latter is a BaseException
-        # DCP wraps each rank's error in one CheckpointException: say the first rank's.
-        cause = next(iter(exc.failures.values()))[0] if hasattr(exc, "failures") else exc
-        text = str(cause).strip()
-        reason = (text.splitlines()[0] if text else type(cause).__name__)[:160]
+        reason = dcp_failure(exc)
         raise CheckpointError(f"cannot read checkpoint {path} ({reason}); {fix}") from None
     want = {k: getattr(args, k) for k in RECIPE}
     if progress["recipe"] != want:
@@ -226,6 +223,13 @@ def resume(root: Path, args, model, optimizer, scheduler, device) -> dict | None
     scheduler.load_state_dict(state["scheduler"])
     progress["path"], progress["load_s"] = path, time.perf_counter() - t0
     return progress
+
+
+def dcp_failure(exc: BaseException) -> str:
+    """The first line of what DCP met: a CheckpointException wraps each rank's error."""
+    cause = next(iter(exc.failures.values()))[0] if hasattr(exc, "failures") else exc
+    text = str(cause).strip()
+    return (text.splitlines()[0] if text else type(cause).__name__)[:160]
 
 
 # --------------------------------------------------------------------------- training
