@@ -183,7 +183,10 @@ def test_a_killed_group_is_replaced_and_heals_bit_for_bit(tmp_path):
     survivor_text, replacement_text = g0.text(), g1b.text()
     assert hashes(replacement_text)[common] == hashes(survivor_text)[common], (
         survivor_text, replacement_text)
-    # Before the failure the two groups agreed too; the killed one printed its share of them.
-    before = hashes(g1.text())
-    assert before and all(hashes(survivor_text)[s] == h for s, h in before.items()), g1.text()
+    # Before the failure the two groups agreed too, at every step both logged (the group that
+    # started second may have healed past the other's first logged steps: step 40, which the
+    # test waited for with 2 participants, is always among them).
+    before, alive = hashes(g1.text()), hashes(survivor_text)
+    shared = sorted(before.keys() & alive.keys())
+    assert 40 in shared and all(alive[s] == before[s] for s in shared), (g1.text(), survivor_text)
     assert "discarded" in survivor_text or "participants 2 -> 1" in survivor_text
