@@ -92,3 +92,32 @@ def tidy(result) -> None:
     path = Path(result.output_path)
     if path.parent.resolve() == ROOT:
         path.unlink(missing_ok=True)
+
+
+def check_sampler_order(folder: Path, world_size: int, images: int, epochs: int) -> None:
+    """What a training's ``--log-order FOLDER`` wrote (lessons 03 and 05: a line an epoch per
+    rank, the epoch then the image indices): in every epoch the ranks' shares together hold
+    every image, none on two ranks but the few DistributedSampler repeats so that the shares
+    are equal, and every epoch each rank gets other images than in the epoch before."""
+    order = {}
+    for rank in range(world_size):
+        for line in (folder / f"rank{rank}.txt").read_text().splitlines():
+            epoch, *indices = map(int, line.split())
+            order[rank, epoch] = indices
+    assert sorted(order) == [(r, e) for r in range(world_size) for e in range(1, epochs + 1)], (
+        f"lines (rank, epoch) {sorted(order)}")  # fmt: skip
+    share = -(-images // world_size)  # ceil: the last share is padded with repeats
+    for epoch in range(1, epochs + 1):
+        shares = [order[rank, epoch] for rank in range(world_size)]
+        assert [len(s) for s in shares] == [share] * world_size, f"epoch {epoch}: share sizes"
+        assert set().union(*shares) == set(range(images)), f"epoch {epoch}: images left out"
+        for a in range(world_size):
+            for b in range(a + 1, world_size):
+                both = set(shares[a]) & set(shares[b])
+                assert len(both) <= share * world_size - images, (
+                    f"epoch {epoch}: ranks {a} and {b} both train on {len(both)} images")
+        if epoch > 1:
+            for rank in range(world_size):
+                assert set(order[rank, epoch]) != set(order[rank, epoch - 1]), (
+                    f"rank {rank} trains on the same images in epochs {epoch - 1} and {epoch}: "
+                    "not reshuffled")  # fmt: skip

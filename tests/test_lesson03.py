@@ -1,6 +1,7 @@
 """Lesson 03 (DDP MNIST).
 
-CPU: train.py as a single-node gloo world on a subset of MNIST; a run killed after its first
+CPU: train.py as a single-node gloo world on a subset of MNIST; the two ranks train on two
+halves of the images, reshuffled every epoch (--log-order); a run killed after its first
 checkpoint resumes at the epoch boundary and ends like an uninterrupted one; a damaged checkpoint
 or a flag that cannot work is one line, printed once, never a traceback.
 Carried: train.py with three files of common/ in a directory of its own trains under torchrun
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import submit_job
-from helpers import clean_environ, kill_once_written, run_ranks, start_ranks
+from helpers import check_sampler_order, clean_environ, kill_once_written, run_ranks, start_ranks
 from test_imports import CARRIED  # what a student copies: train.py's files of common/
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,10 +91,12 @@ RESUME = ["--epochs", "2", "--train-subset", "2048", "--test-subset", "1000", "-
 @pytest.mark.timeout(TIMEOUT * 3 + 30)
 def test_killed_after_first_checkpoint_resumes_at_the_epoch_boundary(tmp_path):
     full_ckpt, part = tmp_path / "full.pt", tmp_path / "part.pt"
-    full = run_train(2, *RESUME, "--checkpoint", str(full_ckpt))
+    full = run_train(2, *RESUME, "--checkpoint", str(full_ckpt), "--log-order", str(tmp_path))
     assert full.returncode == 0, full.stdout + full.stderr
     assert "world size 2 (1 node(s) x 2), global batch 128 = 2 x 64" in full.stdout
     assert full.stdout.count("training 2 epochs") == 1, full.stdout  # rank 0 alone prints
+    # What the ranks trained on: two halves of the 2,048 images, reshuffled in epoch 2.
+    check_sampler_order(tmp_path, 2, 2048, 2)
 
     # The same run, killed (SIGKILL, no goodbye) as soon as its epoch-1 checkpoint exists.
     log = tmp_path / "killed.log"

@@ -1,6 +1,7 @@
 """Lesson 05 (fault tolerance).
 
-CPU (gloo; the ranks start on this machine as srun starts them, one process each): a run
+CPU (gloo; the ranks start on this machine as srun starts them, one process each): every
+epoch the ranks share the images out between them, reshuffled from the epoch before; a run
 stopped by a signal that reaches one rank mid-epoch resumes there, stops again after the epoch,
 resumes at the epoch boundary and ends with exactly the weights of an uninterrupted run; a
 checkpoint of another world size is refused. A rank that crashes, restarted by torchrun and
@@ -28,7 +29,7 @@ from conftest import (
     wait_for,
     wait_job,
 )
-from helpers import run_ranks, start_ranks
+from helpers import check_sampler_order, run_ranks, start_ranks
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = ROOT / "lessons" / "05_fault_tolerance"
@@ -74,11 +75,21 @@ ARGS = ["--epochs", "2", "--train-subset", "2048", "--test-subset", "1000", "--l
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    ckpt = tmp_path_factory.mktemp("full") / "full.pt"
-    proc = run_train(N, *ARGS, "--checkpoint", str(ckpt))
+    """The run the others are compared with; ORDER: the images each rank trained on."""
+    folder = tmp_path_factory.mktemp("full")
+    ckpt, order = folder / "full.pt", folder / "order"
+    proc = run_train(N, *ARGS, "--checkpoint", str(ckpt), "--log-order", str(order))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "world size 3, 17 steps per epoch" in proc.stdout, proc.stdout
-    return proc.stdout, ckpt
+    return proc.stdout, ckpt, order
+
+
+@pytest.mark.timeout(TIMEOUT + 30)
+def test_each_epoch_a_new_shuffle_shared_out_over_the_ranks(uninterrupted):
+    """The sampler, seen from what the ranks trained on: every epoch the 3 ranks split all
+    2,048 images between them (one repeated: 3 x 683), and each rank gets other images in
+    epoch 2 than in epoch 1 (sampler.set_epoch)."""
+    check_sampler_order(uninterrupted[2], N, 2048, 2)
 
 
 @pytest.mark.timeout(TIMEOUT * 3 + 30)
@@ -86,7 +97,7 @@ def test_stopped_mid_epoch_then_resumed_twice_gives_identical_weights(uninterrup
     """Preemption's SIGTERM reaches one rank only; all ranks stop at the same step and save.
     The run resumes mid-epoch for one epoch (--epochs-per-run), then again at the epoch
     boundary, and ends with the weights and the log of the uninterrupted run."""
-    full_log, full = uninterrupted
+    full_log, full, _ = uninterrupted
     want = parse_log(full_log)
     part, log = tmp_path / "part.pt", tmp_path / "stopped.log"
     with open(log, "w") as out:

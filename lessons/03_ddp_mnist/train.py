@@ -58,6 +58,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=100, help="a progress line every N steps")
     p.add_argument("--train-subset", type=int, default=0, help="use only the first N images")
     p.add_argument("--test-subset", type=int, default=0, help="evaluate on the first N images")
+    p.add_argument("--log-order", type=Path, metavar="DIR",
+                   help="each epoch's image indices of rank N, in DIR/rank<N>.txt")  # fmt: skip
     args = p.parse_args(argv)
     if args.epochs < 1 or args.batch_size < 1:
         p.error("--epochs and --batch-size must be at least 1")
@@ -121,6 +123,10 @@ def train(args: argparse.Namespace, env, device: torch.device) -> None:
     for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # a new shuffle every epoch, the same on every rank
         batches = torch.tensor(list(sampler), device=device).split(per_rank_batch)
+        if args.log_order:  # the epoch, then this rank's image indices in the order it sees them
+            args.log_order.mkdir(parents=True, exist_ok=True)
+            with open(args.log_order / f"rank{env.rank}.txt", "a") as f:
+                print(epoch + 1, *torch.cat(batches).tolist(), file=f)
         loss_sum = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples
         t0 = time.perf_counter()
         for step, idx in enumerate(batches, 1):

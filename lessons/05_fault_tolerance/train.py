@@ -153,6 +153,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--train-subset", type=int, default=0)
     p.add_argument("--test-subset", type=int, default=0)
+    p.add_argument("--log-order", type=Path, metavar="DIR",
+                   help="each epoch's image indices of rank N, in DIR/rank<N>.txt")  # fmt: skip
     p.add_argument("--crash-rank", type=int, help="this rank crashes, unless resumed")
     p.add_argument("--faulty-node", help="every rank on this host crashes, in every attempt")
     p.add_argument("--crash-at-step", type=int, default=10, help="...at this step of an epoch")
@@ -237,6 +239,10 @@ def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest
     for epoch in range(start_epoch, last_epoch):
         sampler.set_epoch(epoch)
         batches = torch.tensor(list(sampler), device=device).split(per_rank_batch)
+        if args.log_order:  # the epoch, then this rank's image indices in the order it sees them
+            args.log_order.mkdir(parents=True, exist_ok=True)
+            with open(args.log_order / f"rank{env.rank}.txt", "a") as f:
+                print(epoch + 1, *torch.cat(batches).tolist(), file=f)
         first = start_step if epoch == start_epoch else 0  # skip what a stopped run did
         epoch_loss = carried if epoch == start_epoch else torch.zeros_like(carried)
         t0 = time.perf_counter()
