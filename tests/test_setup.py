@@ -60,10 +60,10 @@ SETUP = """
 
 
 # --------------------------------------------------------------------------- the copies agree
-# Every lesson script that asks common.env who it is and joins a group repeats lesson 03's
-# set-up on purpose (each file stands alone).  The copies are compared line by line as code:
-# comments aside, and the one line a rank prints may start with the script's own name instead
-# of "error".  Lesson 03's block, in the pieces the variants below are made of:
+# Every lesson script that asks common.env who it is repeats lesson 03's set-up on purpose
+# (each file stands alone).  The copies are compared line by line as code: comments aside, and
+# the one line a rank prints may start with the script's own name instead of "error".  Lesson
+# 03's block, in the pieces the variants below are made of:
 CHECK = "check_launch(env)"  # this machine: the address, the port, rank 0's node
 WHO = ["env = None", "try:", "env = resolve_launch_env()", CHECK]
 THREADS = ["torch.set_num_threads(cpu_threads(env))"]
@@ -137,6 +137,13 @@ VARIANTS = {
         "checks its arguments against the world size before the group",
         [*REFERENCE[:DEVICE_END], ANY, *REFERENCE[DEVICE_END:]]),
     # This file's SETUP, run as a script's top level: sys.exit says the line.
+    "lessons/11_torchft/train_ft.py": (
+        "a replica group is one process on the CPU and joins no group itself (torchft's Manager"
+        " builds one across the groups); the lighthouse and the data are checked in the same try",
+        ["try:", "env = resolve_launch_env()", CHECK, "if env.world_size != 1:", ANY, *THREADS,
+         "lighthouse = lighthouse_address()", 'device = torch.device("cpu")',
+         "data = load_data(device, args.train_subset)[:2]",
+         "except (LaunchError, MnistDataError) as exc:", *LAUNCH_ERROR[1:]]),
     "tests/test_setup.py:SETUP": (
         "a script's top level", [*REFERENCE[:-6], "except LaunchError as exc:",
                                  'sys.exit(f"error: {exc}")', "except dist.DistError as exc:",
@@ -175,7 +182,8 @@ def _code_lines(text: str) -> dict[int, str]:
 def set_up_block(text: str, stem: str) -> list[tuple[int, str]]:
     """The set-up of a script: from the ``try`` (and ``env = None``) around its first
     resolve_launch_env() to its init_process_group() and the handlers of the ``try`` around
-    that; [(line number, code)]."""
+    that (a script that joins no group itself: to the end of that first ``try``);
+    [(line number, code)]."""
     tree = ast.parse(text)
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
 
@@ -185,7 +193,7 @@ def set_up_block(text: str, stem: str) -> list[tuple[int, str]]:
         return node if isinstance(node, ast.Try) else None
 
     who = _calls(tree, "resolve_launch_env")[0]
-    group = next(c for c in _calls(tree, "init_process_group") if c.lineno > who.lineno)
+    group = next((c for c in _calls(tree, "init_process_group") if c.lineno > who.lineno), who)
     start, end = who.lineno, group.end_lineno
     if (opening := enclosing_try(who)) is not None:
         start = opening.lineno
@@ -217,13 +225,13 @@ def first_difference(got: list[tuple[int, str]], want: list[str]) -> str:
 
 
 def set_up_copies():
-    """(name, text) of every lesson script that asks common.env who it is and joins a group,
-    lesson 03's train.py first, then this file's SETUP."""
+    """(name, text) of every lesson script that asks common.env who it is (all but one then join
+    a group; lesson 11's leaves that to torchft), lesson 03's train.py first, then this file's
+    SETUP."""
     found = []
     for path in sorted((ROOT / "lessons").glob("*/*.py")):
         text = path.read_text()
-        tree = ast.parse(text)
-        if _calls(tree, "resolve_launch_env") and _calls(tree, "init_process_group"):
+        if _calls(ast.parse(text), "resolve_launch_env"):
             found.append((str(path.relative_to(ROOT)), text))
     found.sort(key=lambda item: item[0] != "lessons/03_ddp_mnist/train.py")
     return [*found, ("tests/test_setup.py:SETUP", textwrap.dedent(SETUP))]
