@@ -71,7 +71,8 @@ class StepTimer:
         self._marks.append((self._start, self._forward, self._ready, self._now()))
 
     def window(self) -> tuple[float, float]:
-        """Mean compute and wait seconds over the steps since the last call."""
+        """Median compute and wait seconds of the steps since the last call (the median: one
+        step that the machine's other work held up does not make a window slow)."""
         if self.cuda:
             torch.cuda.synchronize()
             span = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (milliseconds)
@@ -81,7 +82,7 @@ class StepTimer:
         self._marks = []
         if not pairs:
             return 0.0, 0.0
-        return statistics.fmean(p[0] for p in pairs), statistics.fmean(p[1] for p in pairs)
+        return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
 
 
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:

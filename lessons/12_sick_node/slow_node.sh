@@ -5,11 +5,11 @@
 # job's CPUs) stops and continues the training tasks there in turn, SIGSTOP for STOP_MS then
 # SIGCONT for RUN_MS, for SECONDS seconds: their work takes (STOP_MS + RUN_MS) / RUN_MS longer.
 #
-#   bash lessons/12_sick_node/slow_node.sh <jobid> node2           # 120 s, 60 ms of every 100
+#   bash lessons/12_sick_node/slow_node.sh <jobid> node2           # 120 s, 75 ms of every 100
 #   bash lessons/12_sick_node/slow_node.sh <jobid> node2 60 30 70   # 60 s, 30 ms of every 100
 set -euo pipefail
 
-job=${1:-} node=${2:-} seconds=${3:-120} stop_ms=${4:-60} run_ms=${5:-40}
+job=${1:-} node=${2:-} seconds=${3:-120} stop_ms=${4:-75} run_ms=${5:-25}
 usage="usage: bash lessons/12_sick_node/slow_node.sh JOBID NODE [SECONDS [STOP_MS [RUN_MS]]]"
 [[ $job =~ ^[0-9]+$ ]] || { echo "error: JOBID='$job' is not a job id (squeue --me lists yours). $usage" >&2; exit 2; }
 for v in seconds stop_ms run_ms; do

@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=100, help="a checkpoint every N steps")
     p.add_argument("--report", type=Path, help="where the sick node's name is written")
     p.add_argument("--check-every", type=int, default=20, help="steps per timing window")
-    p.add_argument("--slow-factor", type=float, default=1.5, help="x the fastest rank's time")
+    p.add_argument("--slow-factor", type=float, default=2.0, help="x the fastest rank's time")
     p.add_argument("--slow-windows", type=int, default=3, help="windows in a row to be sure")
     p.add_argument("--max-skips", type=int, default=3, help="non-finite steps before stopping")
     p.add_argument("--skip-window", type=int, default=100, help="...within this many steps")
