@@ -14,6 +14,7 @@ input is refused in one line each. Cluster: fit.sh, keep.sh and reshard.sh run (
 model) on the local cluster. The stored sample outputs are the ones the README quotes.
 """
 
+import importlib.util
 import json
 import re
 import shutil
@@ -398,3 +399,58 @@ def test_stored_fit_sample_is_within_10_percent():
     assert len(found) == 2 * (1 + 2 + 4), text
     for m in found:
         assert abs(float(m[2]) / float(m[3]) - 1) <= 0.10, m[0]
+
+
+def _plot_fit():
+    spec = importlib.util.spec_from_file_location("plot_fit", LESSON / "plot_fit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_plot_fit_reads_each_rank_under_its_own_step():
+    """plot_fit.py, whose numbers the notebook prints and draws, against the stored fit.sh
+    output read another way: the file cut at each step's header, the estimate from the step's
+    model line (not the rank lines the parser reads), each rank's peak from its line split at
+    ' | '. A case read from the wrong header, an estimate or a peak from the wrong field or the
+    wrong step fails here."""
+    plot_fit = _plot_fit()
+    text = sample_output(LESSON, "fit").read_text()
+    cases = plot_fit.read_cases(text)
+    blocks = text.split("\n--- step: ")[1:]
+    assert len(cases) == len(blocks) == 6, cases
+    for case, block in zip(cases, blocks, strict=True):
+        header, *lines = block.splitlines()
+        nodes, tasks, ac = re.fullmatch(
+            r"(\d) node\(s\), (\d) task\(s\), activation checkpointing (on|off)", header).groups()
+        assert (case["nodes"], case["ranks"], case["ac"]) == (int(nodes), int(tasks), ac == "on")
+        (model,) = [line for line in lines if line.startswith("model ")]
+        assert case["model"] == model.split(",")[0].removeprefix("model ")
+        assert case["estimate"] == float(model.split("; estimate ")[1].split(" MiB")[0]), block
+        fields = [line.split(" | ") for line in lines if line.startswith("rank ")]
+        assert case["measured"] == {int(f[0].split(":")[0].removeprefix("rank ")):
+                                    float(f[1].removeprefix("measured ").removesuffix(" MiB"))
+                                    for f in fields}, block  # fmt: skip
+        assert sorted(case["measured"]) == list(range(int(tasks))), block
+    # What the notebook's figure shows: every rank within the bound, and activation
+    # checkpointing below the run without it at every rank count.
+    assert all(plot_fit.within(c["estimate"], m) for c in cases for m in c["measured"].values())
+    by = {(c["ranks"], c["ac"]): c["estimate"] for c in cases}
+    assert all(by[n, True] < by[n, False] for n in (1, 2, 4)), by
+    header_missing = "\n".join(["--- step: " + blocks[1], *(
+        line for line in blocks[2].splitlines() if line.startswith("rank "))])
+    with pytest.raises(ValueError, match="not one step's ranks"):
+        plot_fit.read_cases(header_missing)
+
+
+def test_plot_fit_draws_the_numbers_it_read():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    plot_fit = _plot_fit()
+    cases = plot_fit.read_cases(sample_output(LESSON, "fit").read_text())
+    fig = plot_fit.draw(cases, "test")
+    (ax,) = fig.axes
+    assert sorted(bar.get_height() for bar in ax.patches) == sorted(c["estimate"] for c in cases)
+    dots = [sorted(line.get_ydata()) for line in ax.lines]
+    assert dots == [sorted(c["measured"].values()) for c in cases]
