@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup venv data container cluster-up cluster-down test test-slurm test-lesson09 test-lesson10 test-lesson11 test-sites test-long test-scale test-readme lint demo bench clean
+.PHONY: help setup venv data container cluster-up cluster-down test test-slurm test-lesson09 test-lesson10 test-lesson11 test-lesson12 test-sites test-long test-scale test-readme lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -24,6 +24,7 @@ help:
 	@echo "make test-lesson09 lesson 09's tests and notebook (a lane of their own, outside make test)"
 	@echo "make test-lesson10 lesson 10's tests, notebook and jobs (a lane of their own, outside make test)"
 	@echo "make test-lesson11 lesson 11's tests on this machine: torchft's groups on loopback (outside make test)"
+	@echo "make test-lesson12 lesson 12's tests, notebook and jobs: the sick node (outside make test)"
 	@echo "make test-long     the longest cluster jobs (preemption, requeues), outside make test"
 	@echo "make test-scale    real job sizes: the preflight at 64 ranks, lessons 01 and 03 at 34"
 	@echo "make test-readme   the READMEs' quick commands, run as written (outside make test)"
@@ -97,7 +98,7 @@ lint: venv
 # jobs (marked long): make test-long, and the READMEs' commands run as written (marked
 # readme): make test-readme. tests/README.md lists the lanes and their times.
 test: setup
-	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup --durations=30 -m "not lesson09 and not lesson10 and not lesson11 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -n 2 --dist loadgroup --durations=30 -m "not lesson09 and not lesson10 and not lesson11 and not lesson12 and not sites and not long and not scale and not readme" tests lessons --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The other Slurm versions' lane (CI runs it after `make test`): the tests marked `every_slurm`
 # (tests/lanes.py: every lesson's job scripts at least once, and every test whose expectation
@@ -136,6 +137,11 @@ test-lesson10: venv data
 # killed and replaced (its cluster test is marked sites, and every_slurm). About 40 s.
 test-lesson11: venv data
 	$(VENV)/bin/pytest -m lesson11 tests/test_lesson11.py
+
+# Lesson 12 (tests/test_lesson12.py, its notebook under nbval, its jobs on the local cluster:
+# one restarts it with a third node for the job to move to, and back to two after).
+test-lesson12: venv data
+	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest --durations=10 -m lesson12 tests lessons/12_sick_node --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
 # The `sites` lane: cluster tests take the cluster lock themselves, one job at a time.
 # LONG_MARKS="long and not computes" leaves out make demo's full job (.ci/run runs it apart).

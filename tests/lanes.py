@@ -3,7 +3,7 @@
 ``make test`` runs two lanes (``-n 2 --dist loadgroup``): every cluster test in one group, from
 the start of the run, one after another on one worker, in collection order; the other worker
 takes the rest a file at a time (a notebook's cells stay in order, in one kernel).  The other
-lanes (make test-slurm, -sites, -long, -scale, -readme, -lesson09/10/11) select by the marks
+lanes (make test-slurm, -sites, -long, -scale, -readme, -lesson09/10/11/12) select by the marks
 registered here.  tests/conftest.py imports these hooks; tests/README.md lists the lanes.
 """
 
@@ -16,6 +16,7 @@ import pytest
 CLUSTER_GROUP = "cluster"  # the xdist_group of every test that uses the cluster
 LESSON09_NOTEBOOK = "lessons/09_beyond_data_parallel/"  # nbval items: marked lesson09 below
 LESSON10_NOTEBOOK = "lessons/10_fit_and_keep/"  # nbval items: marked lesson10 below
+LESSON12_NOTEBOOK = "lessons/12_sick_node/"  # nbval items: marked lesson12 below
 
 # The cluster tests that `make test-slurm` runs again on the second Slurm version (cluster/up.sh
 # --slurm 24.11; CI runs it after `make test`), marked `every_slurm`: the cluster's own checks
@@ -58,13 +59,16 @@ EVERY_SLURM = (
     "tests/test_lesson08.py::test_job_sh_stages_the_folder_form_with_srun_and_trains",
     # (the lighthouse, two groups and a node set DOWN: 22.05 in make test-sites, 26.05 here)
     "tests/test_lesson11_cluster.py::",
+    # (a node slowed, named, and the job moved off it by its own sbatch --exclude)
+    "tests/test_lesson12.py::test_a_slowed_node_is_named_and_the_job_finishes_without_it",
 )
 
 
-# The lessons' own job scripts (lessons 01 to 08 and 11; lesson 00's tests check what differs
+# The lessons' own job scripts (lessons 01 to 08, 11 and 12; lesson 00's tests check what differs
 # between versions): make test-slurm runs them on the newest version only, the rest on every
 # version.
-LESSON_JOBS = (*(f"tests/test_lesson0{n}" for n in range(1, 9)), "tests/test_lesson11")
+LESSON_JOBS = (*(f"tests/test_lesson0{n}" for n in range(1, 9)), "tests/test_lesson11",
+               "tests/test_lesson12")
 
 
 def _loadgroup(config) -> bool:
@@ -99,6 +103,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "lesson11: lesson 11's tests on this machine (groups on loopback), a lane of "
         "their own (make test-lesson11); `make test` leaves them out",
+    )
+    config.addinivalue_line(
+        "markers", "lesson12: lesson 12's tests, notebook and jobs, a lane of their own (make "
+        "test-lesson12); `make test` leaves them out",
     )
     config.addinivalue_line(
         "markers", "long: a cluster job of a minute or more that waits on Slurm's timers (grace "
@@ -143,6 +151,8 @@ def pytest_collection_modifyitems(session, config, items):
             item.add_marker(pytest.mark.lesson09)
         if item.nodeid.startswith(LESSON10_NOTEBOOK):  # the same for lesson 10's notebook
             item.add_marker(pytest.mark.lesson10)
+        if item.nodeid.startswith(LESSON12_NOTEBOOK):  # and lesson 12's
+            item.add_marker(pytest.mark.lesson12)
         needs = "cluster" in getattr(item, "fixturenames", ())
         if needs:
             item.add_marker(pytest.mark.cluster)

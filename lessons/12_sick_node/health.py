@@ -141,20 +141,27 @@ def nonfinite_ranks(loss: torch.Tensor) -> list[int]:
 
 
 @torch.no_grad()
+def checksum(tensors) -> torch.Tensor:
+    """An exact checksum of TENSORS: their bits, read as integers and summed (wrapping at 64
+    bits). Any one flipped bit changes it; it needs no copy to the CPU, so on a GPU it stays
+    there. Not a cryptographic hash: it names a rank whose state differs, which is all this
+    needs."""
+    total = None
+    for t in tensors:
+        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+        part = t.detach().contiguous().view(bits).to(torch.int64).sum()
+        total = part if total is None else total + part
+    return total
+
+
 def fingerprint(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    """An exact checksum of the weights and optimizer state: their bits, read as integers and
-    summed (wrapping at 64 bits). Any one flipped bit changes it; it needs no copy to the CPU,
-    so on a GPU it stays there. Not a cryptographic hash: it names a rank whose state differs,
-    which is all this needs. Buffers are left out: BatchNorm's running statistics differ by
-    rank by design (each rank's forward updates rank 0's copy with its own batch, lesson 03)."""
+    """The checksum of the weights and the optimizer state: what DDP keeps equal on every rank.
+    Not the buffers: BatchNorm's running statistics differ by rank by design (each rank's
+    forward updates rank 0's copy with its own batch, lesson 03's train.py)."""
     tensors = list(model.parameters())
     for state in optimizer.state.values():
         tensors += [v for v in state.values() if torch.is_tensor(v)]
-    total = torch.zeros((), dtype=torch.int64, device=next(model.parameters()).device)
-    for t in tensors:
-        bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-        total += t.detach().contiguous().view(bits).to(torch.int64).sum()
-    return total
+    return checksum(tensors)
 
 
 def odd_ones_out(prints: list[int]) -> list[int]:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from health import (
     StepTimer,
     StragglerWatch,
+    checksum,
     gather_fingerprints,
     gather_floats,
     nonfinite_ranks,
@@ -245,9 +246,15 @@ def train(args: argparse.Namespace, env, device: torch.device) -> int:
             check_cost.append(time.perf_counter() - c0)
             odd = odd_ones_out(prints)
             if odd:
+                # The copy most ranks hold is saved, by one of them. It is not the copy a run
+                # without the fault would hold: since the flip, every step averaged in the
+                # sick rank's gradients. The window is what bounds that.
                 healthy = min(set(range(env.world_size)) - set(odd))
+                held = ", ".join(f"rank {r} {prints[r] & (2**64 - 1):016x}" for r in odd)
                 return sick(odd, f"weights and optimizer state differ from the other ranks' "
-                            f"at step {step + 1}", step + 1, saver=healthy)  # fmt: skip
+                            f"at step {step + 1} ({held}; the others "
+                            f"{prints[healthy] & (2**64 - 1):016x})", step + 1,
+                            saver=healthy)  # fmt: skip
             slow = watch.update(times)
             if slow is not None:
                 ranks = [r for r in range(env.world_size) if nodes[r] == slow]
@@ -263,13 +270,15 @@ def train(args: argparse.Namespace, env, device: torch.device) -> int:
         dist.broadcast(buffer, src=0)
     test_loss, test_acc = evaluate(model, test_x, test_y)
     state = gather_fingerprints(model, optimizer)
+    stats = checksum(model.buffers()).item()  # rank 0's BatchNorm statistics, now everywhere
     cost = 1e3 * sum(check_cost) / max(1, len(check_cost))
     print0(f"clean: highest compute ratio {watch.highest:.2f} (flag at {args.slow_factor}), "
            f"{len(skipped)} step(s) skipped, weights equal on all {env.world_size} ranks "
            f"(compared {len(check_cost)} times, {cost:.2f} ms each)" if len(set(state)) == 1
            else f"weights differ at the end: {state}")  # fmt: skip
     print0(f"done: test_acc {test_acc:.2f}% after {args.steps} steps in "
-           f"{time.perf_counter() - t0:.1f}s | state {state[0] & (2**64 - 1):016x}")
+           f"{time.perf_counter() - t0:.1f}s | state {state[0] & (2**64 - 1):016x} "
+           f"| bn {stats & (2**64 - 1):016x}")
     return 0
 
 

@@ -1,0 +1,245 @@
+"""Lesson 12: the sick node, found while the job runs, and moved off.
+
+On this machine (4 ranks, gloo on loopback, started as srun starts a step's tasks): a NaN in
+one rank's batch is skipped on every rank, and the run then equals, bit for bit, a run that
+skipped that step on purpose (and differs from one that did not skip it); NaNs that keep coming
+stop the job with the rank named and a checkpoint saved; a bit flipped in one rank's weights is
+named at the next window, and the healthy rank's checkpoint resumes to the very state of a run
+that never had the fault. On the local cluster: a node slowed from outside (slow_node.sh) is
+named while the job runs, the job moves itself off it and finishes on the other nodes with the
+state of an undisturbed run; with no node left to move to, it says so in one line.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import cluster_lock, job_environ, job_record, run_up, slurm, wait_for
+from helpers import clean_environ, start_ranks
+
+pytestmark = pytest.mark.lesson12
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSON = ROOT / "lessons" / "12_sick_node"
+TRAIN = ["python", str(LESSON / "train.py")]
+RANKS = 4
+STEPS, SUBSET = 120, 2048  # a short run: 120 steps on the first 2,048 images
+SHORT = ["--steps", str(STEPS), "--train-subset", str(SUBSET), "--test-subset", str(SUBSET)]
+STATE = re.compile(r"^done: test_acc [\d.]+% after (\d+) steps in [\d.]+s \| state (\w+) "
+                   r"\| bn (\w+)$", re.M)
+GUARD_S = 300  # hang guards only: 4 ranks take ~10 s alone, a few times that beside CI's lanes
+
+
+def stacks(procs) -> str:
+    """The Python stacks of the processes still running (py-spy), for a hang's report."""
+    spy = shutil.which("py-spy")
+    out = []
+    for p in procs:
+        if p.poll() is None and spy:
+            dump = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True,
+                                  text=True, timeout=60)  # fmt: skip
+            out.append(dump.stdout + dump.stderr)
+    return "\n".join(out)
+
+
+def train(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """The four ranks of one run; their outputs (rank 0's first) and the first non-zero exit."""
+    log = tmp_path / f"run-{time.monotonic_ns()}.log"
+    with open(log, "w") as f:
+        procs = start_ranks(RANKS, [*TRAIN, *SHORT, *args], stdout=f, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + GUARD_S
+        while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        hung = stacks(procs)
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(timeout=30)
+    text = log.read_text()
+    assert not hung, f"a rank still ran after {GUARD_S} s; its stacks:\n{hung}\n{text[-3000:]}"
+    status = next((p.returncode for p in procs if p.returncode), 0)
+    return subprocess.CompletedProcess(args, status, text, "")
+
+
+def state(text: str, bn: bool = False) -> str:
+    """The run's final checksum of its weights and optimizer state; with BN, of its BatchNorm
+    statistics too (rank 0's, which every rank holds at the end)."""
+    found = STATE.search(text)
+    assert found, text[-3000:]
+    return found[2] + (f" bn {found[3]}" if bn else "")
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory):
+    """The undisturbed run every other run is measured against."""
+    run = train(tmp_path=tmp_path_factory.mktemp("clean"))
+    assert run.returncode == 0, run.stdout[-3000:]
+    assert "0 step(s) skipped, weights equal on all 4 ranks" in run.stdout, run.stdout[-3000:]
+    return run.stdout
+
+
+def test_a_nan_is_skipped_on_every_rank_as_a_planned_skip_is(clean, tmp_path):
+    # On rank 0: its BatchNorm statistics are the ones DDP hands to every rank, so a skip that
+    # did not undo the forward's update of them would leave NaN in the final state.
+    nan = train("--fault", "nan", "--fault-rank", "0", "--fault-step", "30", "--fault-steps",
+                "1", tmp_path=tmp_path)  # fmt: skip
+    assert nan.returncode == 0, nan.stdout[-3000:]
+    assert re.search(r"^step 30: non-finite loss on rank 0 on \S+: step skipped on every rank",
+                     nan.stdout, re.M), nan.stdout[-3000:]  # fmt: skip
+    planned = train("--skip-step", "30", tmp_path=tmp_path)
+    assert planned.returncode == 0, planned.stdout[-3000:]
+    assert state(nan.stdout, bn=True) == state(planned.stdout, bn=True), (
+        nan.stdout[-2000:], planned.stdout[-2000:])  # fmt: skip
+    assert state(nan.stdout) != state(clean), "the skipped step changed nothing: trained on?"
+
+
+def test_nans_that_keep_coming_stop_the_job_and_name_the_rank(tmp_path):
+    ckpt, report = tmp_path / "ckpt.pt", tmp_path / "sick"
+    run = train("--fault", "nan", "--fault-rank", "2", "--fault-step", "40", "--checkpoint",
+                str(ckpt), "--report", str(report), tmp_path=tmp_path)  # fmt: skip
+    assert run.returncode == 3, run.stdout[-3000:]
+    assert re.search(r"^sick node: (\S+) \(rank 2\): 3 non-finite losses in 100 steps; "
+                     r"checkpoint saved at step 43;", run.stdout, re.M), run.stdout[-3000:]
+    assert report.read_text().strip() == subprocess.run(
+        ["hostname"], capture_output=True, text=True).stdout.strip()  # fmt: skip
+    saved = torch.load(ckpt, weights_only=False)
+    assert saved["step"] == 43
+    assert all(torch.isfinite(t).all() for t in saved["model"].values())
+
+
+def test_a_flipped_bit_is_named_and_the_majority_copy_is_saved(tmp_path):
+    ckpt = tmp_path / "ckpt.pt"
+    flip = train("--fault", "bitflip", "--fault-rank", "0", "--fault-step", "50",
+                 "--checkpoint", str(ckpt), tmp_path=tmp_path)  # fmt: skip
+    assert flip.returncode == 3, flip.stdout[-3000:]
+    # Found at the first window after the flip (every 20 steps).
+    found = re.search(r"^sick node: \S+ \(rank 0\): weights and optimizer state differ from "
+                      r"the other ranks' at step 60 \(rank 0 (\w+); the others (\w+)\); "
+                      r"checkpoint saved at step 60", flip.stdout, re.M)  # fmt: skip
+    assert found, flip.stdout[-3000:]
+    # Saved by rank 1: rank 0, which saves otherwise, holds the damaged copy.
+    import sys
+
+    sys.path.insert(0, str(LESSON))
+    from health import fingerprint
+
+    from common.mnist import build_model, build_optimizer
+
+    saved = torch.load(ckpt, weights_only=False)
+    model = build_model()
+    model.load_state_dict(saved["model"])
+    optimizer, _ = build_optimizer(model, 1e-2, STEPS)
+    optimizer.load_state_dict(saved["optimizer"])
+    assert f"{fingerprint(model, optimizer).item() & (2**64 - 1):016x}" == found[2] != found[1]
+    # And the run goes on from it, every rank equal again.
+    resumed = train("--checkpoint", str(ckpt), tmp_path=tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert "at step 60" in resumed.stdout and "weights equal on all 4 ranks" in resumed.stdout
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--check-every", "0"], "--check-every must be at least 1, got 0"),
+    (["--slow-factor", "0.5"], "--slow-factor must be more than 1"),
+    (["--max-skips", "9", "--skip-window", "5"], "--max-skips 9 can never happen within"),
+    (["--fault", "nan"], "--fault nan needs where: --fault-rank R or --fault-node NODE"),
+])  # fmt: skip
+def test_train_py_refuses_bad_input_in_one_line(args, says):
+    proc = subprocess.run([*TRAIN, *args], cwd=ROOT, env=clean_environ(), capture_output=True,
+                          text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert says in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+@pytest.mark.parametrize("script, args, env, says", [
+    ("job.sh", [], {"STEPS": "lots"}, "STEPS='lots' is not a whole number of steps"),
+    ("job.sh", [], {"SUBSET": "half"}, "SUBSET='half' is not a whole number of images"),
+    ("slow_node.sh", ["x", "node2"], {}, "JOBID='x' is not a job id"),
+    ("slow_node.sh", ["1", "node2", "soon"], {}, "SECONDS='soon' is not a whole number"),
+    ("slow_node.sh", ["999999", "node2"], {}, "job 999999 is not running"),
+])  # fmt: skip
+def test_scripts_refuse_bad_input_in_one_line(script, args, env, says):
+    proc = subprocess.run(["bash", str(LESSON / script), *args], cwd=ROOT, timeout=60,
+                          env=clean_environ(SLURM_SUBMIT_DIR=str(ROOT), SLURM_JOB_ID="1",
+                                            SLURM_JOB_NAME="t", SLURM_JOB_NODELIST="node1",
+                                            **env),
+                          capture_output=True, text=True)  # fmt: skip
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], proc.stderr
+
+
+# --- On the local cluster ------------------------------------------------------------------
+
+
+def output(path: Path) -> str:
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def test_with_no_node_to_move_to_the_job_says_so(cluster, tmp_path):
+    """The default cluster has two nodes and the job takes both: excluding one leaves too few."""
+    with cluster_lock():
+        job = slurm("sbatch", "--parsable", f"--output={tmp_path}/sick-%j.out", str(LESSON /
+                    "job.sh"), "--fault", "nan", "--fault-node", "node2", "--fault-step", "20",
+                    env={"STEPS": "100", "SUBSET": "2048"})  # fmt: skip
+        wait_for(f"job {job} to end", lambda: (job_record(job) or {}).get("JobState") in (
+            "FAILED", "COMPLETED", "CANCELLED"), GUARD_S)  # fmt: skip
+    text = output(tmp_path / f"sick-{job}.out")
+    assert job_record(job)["ExitCode"] == "3:0", text[-3000:]
+    assert re.search(r"^sick node: node2 \(rank 2,3\): 3 non-finite losses in 100 steps; "
+                     r"checkpoint saved at step 23", text, re.M), text[-3000:]
+    assert re.search(r"^error: without node2, partition \S+ has 1 node\(s\) and this job needs "
+                     r"2: not resubmitted\.", text, re.M), text[-3000:]  # fmt: skip
+    assert (ROOT / "checkpoints" / f"sick-{job}.pt").exists(), "the checkpoint was not kept"
+    (ROOT / "checkpoints" / f"sick-{job}.pt").unlink()
+
+
+@pytest.fixture
+def three_nodes(cluster):
+    """The cluster restarted with a third node to move to, under the lock; two after."""
+    with cluster_lock():
+        run_up("--nodes", "3")
+        try:
+            yield
+        finally:
+            run_up()
+
+
+@pytest.mark.timeout(2 * GUARD_S + 120)
+def test_a_slowed_node_is_named_and_the_job_finishes_without_it(three_nodes, tmp_path):
+    steps, subset = 400, 4096
+    env = {"STEPS": str(steps), "SUBSET": str(subset)}
+    first = slurm("sbatch", "--parsable", f"--output={tmp_path}/sick-%j.out",
+                  str(LESSON / "job.sh"), env=env)  # fmt: skip
+    log = tmp_path / f"sick-{first}.out"
+    wait_for("the first timing window", lambda: "times step 20 " in output(log), GUARD_S)
+    slow = subprocess.run(["bash", str(LESSON / "slow_node.sh"), first, "node2", "180"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=GUARD_S,
+                          env=job_environ())  # fmt: skip
+    moved = re.search(r"moved off node2: job (\d+) resumes", output(log))
+    assert moved, output(log)[-3000:] + slow.stdout + slow.stderr
+    second = moved[1]
+    wait_for(f"job {second} to end", lambda: (job_record(second) or {}).get("JobState") in (
+        "FAILED", "COMPLETED", "CANCELLED"), GUARD_S)  # fmt: skip
+    text1, text2 = output(log), output(tmp_path / f"sick-{second}.out")
+    assert re.search(r"^sick node: node2 \(rank 2,3\): computes [\d.]+x [\d.]+x [\d.]+x as long "
+                     r"as the fastest rank", text1, re.M), text1[-3000:]  # fmt: skip
+    assert job_record(first)["ExitCode"] == "3:0", text1[-3000:]
+    record = job_record(second)
+    assert record["JobState"] == "COMPLETED", text2[-3000:]
+    assert record["NodeList"] == "node[1,3]" and "node2" in record["ExcNodeList"], record
+    saved = int(re.search(r"checkpoint saved at step (\d+)", text1)[1])
+    assert f"at step {saved}, on node1,node3" in text2, text2[-3000:]
+    # The resumed run on other nodes ends where an undisturbed run of the same shape ends.
+    undisturbed = train("--steps", str(steps), "--train-subset", str(subset), "--test-subset",
+                        str(subset), tmp_path=tmp_path)  # fmt: skip
+    assert state(text2, bn=True) == state(undisturbed.stdout, bn=True), (
+        text2[-2000:], undisturbed.stdout[-2000:])  # fmt: skip
+    # Nothing flagged on the nodes left: no false alarm after the move.
+    assert re.search(r"^clean: highest compute ratio [\d.]+ \(flag at 2\.0\), 0 step\(s\) skipped",
+                     text2, re.M), text2[-3000:]  # fmt: skip
