@@ -4,8 +4,10 @@ A command is found by its text as a student types it (tests/readme_commands.py r
 ``QUICK``: run as written by ``make test-readme`` (tests/test_readme_commands.py), each checked by
 what its README quotes of its output (tests/readme_output.py). ``AS_WRITTEN_BY``: run or
 submitted as written by another test, in its lane; tests/confirm_readme.py confirms each from the
-records of a run (tests/records.py). ``NOT_RUN``: why not, and the test that runs the same with
-what it needs. Marks (``# GPU only``...) skip the rest.
+records of a run (tests/records.py). ``NOT_RUN``: why not, and the test that runs the same
+command with what it needs (a job's id, a temporary folder), which confirm_readme confirms the
+same way. ``JOB_ENDS``: the jobs a README shows ending otherwise than COMPLETED. Marks (``# GPU
+only``...) skip the rest.
 """
 
 # Marks (a comment at the end of a line, or a block's first line for all of its commands).
@@ -63,11 +65,13 @@ FSDP_JOB = "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resum
 UP_DOWN = "tests/test_cluster.py::test_up_is_idempotent_and_down_leaves_nothing"
 TORCHFT_JOBS = ("tests/test_lesson11_cluster.py::"
                 "test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit")
+KEEP_JOB = "tests/test_lesson10.py::test_keep_job"
 
 # Commands that a test under tests/ runs or submits as written: command -> that test (file::
 # function, or a file for all of its tests). A job may be shortened there by the variables its
-# script's header offers for that (SHORTER), nothing else. Not run by the README test: skipped,
-# naming the test and its lane; tests/confirm_readme.py finds the run in that test's records.
+# script's header offers for that (SHORTER), nothing else; it must end COMPLETED (or as JOB_ENDS
+# says), any other command exit 0. Not run by the README test: skipped, naming the test and its
+# lane; tests/confirm_readme.py finds the run in that test's records.
 AS_WRITTEN_BY = {
     "make demo": "tests/test_demo.py::test_make_demo",
     "sbatch lessons/00_slurm_basics/busy.sh":
@@ -117,10 +121,8 @@ AS_WRITTEN_BY = {
     "python lessons/10_fit_and_keep/fit.py --model llama3-8b --world 8,16,64 --bf16 "
     "--kernels cuda --gpu-mem 81079MiB": "tests/test_lesson10.py::test_fit_answers_for_llama3_8b",
     "sbatch lessons/10_fit_and_keep/fit.sh": "tests/test_lesson10.py::test_fit_job",
-    "sbatch lessons/10_fit_and_keep/keep.sh": "tests/test_lesson10.py::test_keep_job",
+    "sbatch lessons/10_fit_and_keep/keep.sh": KEEP_JOB,
     "sbatch lessons/10_fit_and_keep/reshard.sh": "tests/test_lesson10.py::test_reshard_job",
-    "sbatch lessons/11_torchft/lighthouse.sh": TORCHFT_JOBS,
-    "sbatch lessons/11_torchft/group.sh 0": TORCHFT_JOBS,
     "sbatch lessons/11_torchft/group.sh 1": TORCHFT_JOBS,
 }
 # Tests run through a make target: the test -> the target (its recipe's sbatch is the job).
@@ -132,8 +134,10 @@ NEEDS_ROOT = "needs root"
 LONG_RUN = "runs longer than a quick command"
 UNTIL_STOPPED = "runs until stopped"
 
-# Commands not run here nor as written by a test: command -> (why, what it is, the test that
-# runs the same with what it needs (a job, a temporary folder, fewer steps) or "").
+# Commands not run here nor as written by a test: command -> (why, what it is, the tests that
+# run the same command with what it needs (a job's id for <jobid>, $sweep or SHOWN_JOB_IDS, a
+# temporary folder to run in) or ""). tests/confirm_readme.py confirms each from the records
+# as it does AS_WRITTEN_BY's: a process of the command in one of those tests, which passed.
 NOT_RUN = {
     "make test": (LONG_RUN, "the whole suite, about 9 minutes: CI's first lane", ""),
     ".venv/bin/jupyter lab lessons/": (UNTIL_STOPPED, "a server", ""),
@@ -141,9 +145,8 @@ NOT_RUN = {
     "sudo bash cluster/down.sh": (NEEDS_ROOT, "stops the shared cluster", UP_DOWN),
     "scontrol update NodeName=node2 State=RESUME": (
         NEEDS_ROOT, "changes a node of the shared cluster (root or SlurmUser)", ""),
-    "make container": (NEEDS_ROOT, "builds a 5.6 GB image; make test's setup runs it",
-                       "tests/test_lesson04_charliecloud.py::"
-                       "test_torchrun_in_charliecloud_with_torch_only_in_the_image"),
+    "make container": (NEEDS_ROOT, "builds a 5.6 GB image; the Makefile's test target runs it "
+                       "before the tests, no test does", ""),
     "sacct -j <jobid> --format=JobID,State,ExitCode,Elapsed,MaxRSS": (
         NEEDS_JOB, "a finished job's", "tests/test_cluster_accounting.py::"
         "test_sacct_lists_a_finished_job_and_its_steps"),
@@ -161,48 +164,51 @@ NOT_RUN = {
         NEEDS_JOB, "a running requeue.sh's or job.sh's", "tests/test_lesson05.py::"
         f"test_warning_then_preemption_then_resume {FSDP_JOB}"),
     "scontrol show job <jobid> | grep -E 'JobState|Restarts|EligibleTime'": (
-        NEEDS_JOB, "a requeued job's", "tests/test_lesson05.py::"
-        "test_warning_then_preemption_then_resume"),
+        NEEDS_JOB, "a requeued job's (lesson 05's requeue test reads the same fields with "
+        "scontrol show job -o)", ""),
     "scontrol update JobId=<jobid> NumNodes=1 NumTasks=2 NumCPUs=8": (
         NEEDS_JOB, "a requeued job's", FSDP_JOB),
     "python lessons/07_fsdp_sharding/export.py checkpoints/fsdp-<jobid>": (
-        NEEDS_JOB, "a job's checkpoints",
-        "tests/test_lesson07.py::test_checkpoint_of_2_ranks_continues_on_3_and_on_1"),
+        NEEDS_JOB, "a job's checkpoints (lesson 07's tests export a checkpoint of their own, "
+        "with --out and fewer test images)", ""),
     "python lessons/08_data_pipeline/plot_scaling.py scaling-<jobid>.out --png again.png": (
         NEEDS_JOB, "a scaling job's output",
         "tests/test_lesson08.py::test_plot_scaling_reads_the_stored_study"),
-    "dep=()": (LONG_RUN, "a chain of three jobs, several minutes (with the next lines)",
-               "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job"),
+    # (No test runs the next two: the chain test submits one more link after the array instead.)
+    "dep=()": (LONG_RUN, "a chain of three jobs, several minutes (with the next lines)", ""),
     'for link in 1 2 3; do\nid=$(sbatch --parsable --array="$link" "${dep[@]}" '
     "--export=ALL,CHAIN=mnist lessons/05_fault_tolerance/chain.sh)\n"
     'dep=(--dependency=afterany:"${id%%;*}")\ndone': (
-        LONG_RUN, "a chain of three jobs, several minutes",
-        "tests/test_lesson05.py::test_chain_of_array_links_and_a_dependent_job"),
+        LONG_RUN, "a chain of three jobs, several minutes", ""),
     "torchrun --standalone --nproc-per-node 2 lessons/03_ddp_mnist/train.py --epochs 1": (
-        LONG_RUN, "an epoch of 60,000 images, minutes here",
-        "tests/test_lesson03.py::test_carried_train_py_runs_under_torchrun"),
+        LONG_RUN, "an epoch of 60,000 images, minutes here (lesson 03's tests run train.py "
+        "under torchrun on a subset, from a copy)", ""),
     ".venv/bin/pytest tests/test_lesson04.py": (
-        LONG_RUN, "the lesson's tests, a few minutes of jobs", "tests/test_lesson04.py"),
+        LONG_RUN, "the lesson's tests, a few minutes of jobs: make test runs them", ""),
     "torchrun --standalone --nproc-per-node 2 "
     "lessons/09_beyond_data_parallel/tp.py --steps 20": (
-        LONG_RUN, "20 steps of 2 processes",
-        "tests/test_lesson09.py::test_tp_on_one_rank_counts_no_collective_in_the_model"),
+        LONG_RUN, "20 steps of 2 processes (tp.sh runs tp.py on the cluster)", ""),
     "torchrun --standalone --nproc-per-node 2 "
     "lessons/09_beyond_data_parallel/pp.py --microbatches 2,4": (
-        LONG_RUN, "two pipeline schedules of 2 processes",
-        "tests/test_lesson09.py::"
-        "test_fewer_microbatches_than_stages_run_with_gpipe_and_interleaved"),
+        LONG_RUN, "two pipeline schedules of 2 processes (lesson 09's tests run pp.py's ranks "
+        "with other microbatch counts)", ""),
     "torchrun --standalone --nproc-per-node 4 "
     "lessons/09_beyond_data_parallel/compare.py --steps 3 --forms fsdp2": (
-        LONG_RUN, "one form of 4 processes", "tests/test_lesson09.py::test_compare_job"),
+        LONG_RUN, "one form of 4 processes (compare.sh runs every form on the cluster)", ""),
     "python lessons/10_fit_and_keep/fit.py --model llama3-8b --world 8,16,64 --bf16 --kernels "
-    "cuda --ac --gpu-mem 81079MiB": (LONG_RUN, "about 240 s on 2 cores",
-                                     "tests/test_lesson10.py::test_fit_answers_for_llama3_8b"),
+    "cuda --ac --gpu-mem 81079MiB": (LONG_RUN, "about 240 s on 2 cores (the line without --ac "
+                                     "runs as written)", ""),
     "python lessons/10_fit_and_keep/keep.py --check checkpoints/keep-<jobid>": (
-        NEEDS_JOB, "a keep.sh job's checkpoint", "tests/test_lesson10.py::test_keep_job"),
+        NEEDS_JOB, "a keep.sh job's checkpoint", KEEP_JOB),
     "torchrun --standalone --nproc-per-node 2 lessons/10_fit_and_keep/step.py --model tiny --ac": (
-        LONG_RUN, "2 processes, about 15 s",
-        "tests/test_lesson10.py::test_activation_checkpointing_same_numbers_fewer_activations"),
+        LONG_RUN, "2 processes, about 15 s (lesson 10's tests start step.py's ranks themselves)",
+        ""),
+    "lh=$(sbatch --parsable lessons/11_torchft/lighthouse.sh)": (
+        NEEDS_JOB, "the next lines': the lighthouse, whose job id they wait for", TORCHFT_JOBS),
+    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 0": (
+        NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
+    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": (
+        NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
     "scancel --signal=KILL <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
     "bash lessons/11_torchft/compare.sh": (
         NEEDS_ROOT, "sets the shared cluster's nodes DOWN; a benchmark of about 5 minutes, run for "
@@ -220,23 +226,46 @@ HARNESS_ENV = ("COURSE_",)
 HARNESS_NAMES = frozenset({"PATH", "PYTHONPATH", "VIRTUAL_ENV", "HOME", "USER", "LOGNAME", "LANG",
                            "MNIST_DIR", "OMP_NUM_THREADS", "JUPYTER_DATA_DIR",
                            "TORCHINDUCTOR_CACHE_DIR"})
-# The variables a script's header offers for a shorter run of the same job (fewer steps, fewer
-# cases), besides its arguments: a test may set them and still submit the README's command.
+# The variables a script's header offers for a shorter run of the same job, besides its
+# arguments: the same job on fewer images (SUBSET=N: the first N of each set) or for fewer steps
+# (STEPS). A test may set them and still submit the README's command, to a whole number no larger
+# than the script's default (None: any, SUBSET of all the images being the whole set).
+# Not here, since they pick what runs, not how long: scaling.sh's MODES and SHAPES (which of
+# the strong and weak studies, which nodes x ranks cases: the README's table has all 8), pp.sh's
+# MICROBATCHES (which microbatch counts the bubble is measured at), fit.sh's MODEL and AC (another
+# model; one activation-checkpointing mode where the job runs both), keep.sh's MODEL (another
+# model) and KEEP_DIR (another folder), 2d.sh's TP and compare.sh's FORMS (another mesh, some of
+# the forms).
 SHORTER = {
-    "lessons/03_ddp_mnist/job.sh": ("SUBSET",),
-    "lessons/05_fault_tolerance/requeue.sh": ("SUBSET",),
-    "lessons/05_fault_tolerance/chain.sh": ("SUBSET",),
-    "lessons/05_fault_tolerance/crash.sh": ("SUBSET",),
-    "lessons/07_fsdp_sharding/job.sh": ("SUBSET",),
-    "lessons/08_data_pipeline/scaling.sh": ("MODES", "SHAPES", "STEPS"),
-    "lessons/09_beyond_data_parallel/tp.sh": ("STEPS",),
-    "lessons/09_beyond_data_parallel/pp.sh": ("MICROBATCHES", "STEPS"),
-    "lessons/09_beyond_data_parallel/2d.sh": ("STEPS",),
-    "lessons/09_beyond_data_parallel/compare.sh": ("STEPS",),
-    "lessons/10_fit_and_keep/fit.sh": ("MODEL", "AC"),
-    "lessons/10_fit_and_keep/keep.sh": ("MODEL",),
-    "lessons/11_torchft/group.sh": ("SUBSET", "STEPS"),
+    "lessons/03_ddp_mnist/job.sh": {"SUBSET": None},
+    "lessons/05_fault_tolerance/requeue.sh": {"SUBSET": None},
+    "lessons/05_fault_tolerance/chain.sh": {"SUBSET": None},
+    "lessons/05_fault_tolerance/crash.sh": {"SUBSET": None},
+    "lessons/07_fsdp_sharding/job.sh": {"SUBSET": None},
+    "lessons/08_data_pipeline/scaling.sh": {"STEPS": 40},
+    "lessons/09_beyond_data_parallel/tp.sh": {"STEPS": 100},
+    "lessons/09_beyond_data_parallel/pp.sh": {"STEPS": 4},
+    "lessons/09_beyond_data_parallel/2d.sh": {"STEPS": 100},
+    "lessons/09_beyond_data_parallel/compare.sh": {"STEPS": 10},
+    "lessons/11_torchft/group.sh": {"SUBSET": None, "STEPS": 2000},
 }
+
+# Jobs a README shows ending otherwise than COMPLETED: the state their run must end in (every
+# other job's is COMPLETED; a command that is not a job must exit as QUICK says, or 0).
+JOB_ENDS = {
+    # Lesson 00 §2: it works until the student cancels it (`scancel 987`).
+    "sbatch lessons/00_slurm_basics/busy.sh": "CANCELLED",
+    # Lesson 05 §4: every worker on node2 fails in every attempt; restarts run out, the job fails.
+    "sbatch lessons/05_fault_tolerance/crash.sh 1 --faulty-node node2 --crash-in-epoch 1": "FAILED",
+    # Lesson 11: a server, cancelled once the groups are done (its header's `scancel`).
+    "lh=$(sbatch --parsable lessons/11_torchft/lighthouse.sh)": "CANCELLED",
+    # Lesson 11: group 1's first job, killed by the student's `scancel --signal=KILL`.
+    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": "CANCELLED",
+}
+
+# The job id a README shows as an earlier sbatch's (lesson 00: "Submitted batch job 987", then
+# `scancel 987`): in a NOT_RUN command, any job's id, as <jobid> is.
+SHOWN_JOB_IDS = ("987",)
 
 
 # Variables that only say where a job's files are, as sbatch's --output does: its logs, the

@@ -11,7 +11,13 @@ gives each cluster's lanes theirs, as it does the lock logs):
 * ``start``: ``n`` (this file's count), ``test`` (pytest's id, an xdist group's ``@name``
   dropped), ``phase`` (setup, call or teardown), ``argv``, ``cwd``, ``set`` (the variables the
   process gets that differ from this pytest's environment when the session began: what the
-  test set, ``NAME=value`` in front of a command) and ``unset`` (the names it took away);
+  test set, ``NAME=value`` in front of a command), ``unset`` (the names it took away), ``which``
+  (``[word, path]`` for each word of argv, and of a ``sh -c``/``bash -c`` script, that names an
+  executable: ``shutil.which`` on the PATH in effect there when the process started, a
+  ``PATH=...`` before it included; a word with a ``/``, the file it names), ``on_path`` (the
+  same for the commands a make recipe or script of the course runs, ON_PATH, on the process's own
+  PATH) and ``clients`` (those paths that are the course's own Slurm clients of another version,
+  cluster/lib.sh's CLIENT_MARK in them);
 * ``end``: ``n``, ``status`` (the exit status as Popen gives it);
 * ``job_id``: ``n``, ``job`` (what an ``sbatch`` printed: ``--parsable``'s id or "Submitted
   batch job N");
@@ -30,6 +36,8 @@ import inspect
 import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import threading
@@ -100,6 +108,52 @@ def _environment(env) -> tuple[dict[str, str], list[str]]:
     return changed, sorted(k for k in base if k not in now and not k.startswith(_IGNORED_ENV))
 
 
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_SHELLS = ("sh", "bash", "dash")
+# cluster/lib.sh: the first lines of a client command that up.sh writes for another Slurm version.
+CLIENT_DIR, CLIENT_MARK = "/usr/local/bin", "# course-cluster: Slurm client"
+ON_PATH = ("sbatch", "srun", "salloc", "python", "python3", "torchrun")
+
+
+def _executables(words: list[str], path: str, cwd: str, found: list) -> None:
+    """Append [word, path] for each of WORDS that names an executable, as a shell would find it
+    now: a ``PATH=...`` among them changes the PATH for what follows; the script of ``sh -c``
+    (or bash) is read the same way, its words split as the shell would."""
+    for i, word in enumerate(words):
+        assigned = _ASSIGNMENT.match(word)
+        if assigned:
+            path = assigned[2] if assigned[1] == "PATH" else path
+            continue
+        if i >= 2 and words[i - 1] == "-c" and os.path.basename(words[i - 2]) in _SHELLS:
+            lexer = shlex.shlex(word, posix=True, punctuation_chars=";&|()")
+            lexer.whitespace_split = True
+            try:
+                _executables(list(lexer), path, cwd, found)
+            except ValueError:  # unbalanced quotes: the shell refuses it too
+                pass
+            continue
+        if not word or word.startswith("-"):
+            continue
+        if "/" in word:
+            where = os.path.join(cwd, word)
+            where = where if os.path.isfile(where) and os.access(where, os.X_OK) else None
+        else:
+            where = shutil.which(word, path=path)
+            where = os.path.join(cwd, where) if where else None
+        if where and [word, os.path.normpath(where)] not in found:
+            found.append([word, os.path.normpath(where)])
+
+
+def _is_client(path: str) -> bool:
+    if os.path.dirname(path) != CLIENT_DIR:
+        return False
+    try:
+        with open(path, "rb") as f:
+            return CLIENT_MARK.encode() in f.read(200)
+    except OSError:
+        return False
+
+
 _SIGNATURE = inspect.signature(subprocess.Popen.__init__)
 _JOB_ID = re.compile(r"(?m)^(?:Submitted batch job )?(\d+)(?:;\S*)?\s*$")
 
@@ -120,13 +174,25 @@ def _wrap_popen() -> None:
             argv = _argv(bound["args"], bool(bound.get("shell")))
             cwd = _text(bound["cwd"]) if bound.get("cwd") is not None else os.getcwd()
             changed, unset = _environment(bound.get("env"))
+            env = bound.get("env")
+            path = _text((os.environ if env is None else env).get("PATH", os.defpath))
+            which: list = []
+            if bound.get("executable") is not None:  # Popen's executable= runs instead of argv[0]
+                exe = _text(bound["executable"])
+                exe = shutil.which(exe, path=path) if "/" not in exe else exe
+                which.append([argv[0], os.path.normpath(os.path.join(cwd, exe or ""))])
+            _executables(argv, path, os.path.abspath(cwd), which)
+            on_path: list = []
+            _executables(list(ON_PATH), path, os.path.abspath(cwd), on_path)
+            clients = sorted({p for _, p in which + on_path if _is_client(p)})
         except (TypeError, ValueError, OSError):  # unrecorded: then unconfirmed, never a failure
             return
         with _lock:
             _state["n"] += 1
             self._course_record = _state["n"]
         write("start", n=self._course_record, test=test[0], phase=test[1], argv=argv,
-              cwd=os.path.abspath(cwd), set=changed, unset=unset, pid=self.pid, time=time.time())
+              cwd=os.path.abspath(cwd), set=changed, unset=unset, which=which, on_path=on_path,
+              clients=clients, pid=self.pid, time=time.time())
 
     def _ended(self) -> None:
         n = getattr(self, "_course_record", None)

@@ -357,10 +357,14 @@ def run_quick(text: str, inside_job: bool = False) -> subprocess.CompletedProces
 
 
 def test_shorter_variables_are_the_scripts_own():
-    """Each SHORTER variable is one its script's header shows in front of sbatch."""
+    """Each SHORTER variable is one its script's header shows in front of sbatch, and its
+    ceiling is the default the script gives it (``${NAME:-default}``)."""
     for script, names in SHORTER.items():
-        header = [line for line in (ROOT / script).read_text().splitlines() if line.startswith("#")]
+        text = (ROOT / script).read_text()
+        header = [line for line in text.splitlines() if line.startswith("#")]
         shown = {name for line in header if "sbatch" in line
                  for name in re.findall(r"\b([A-Z_]+)=\S+", line.split("sbatch")[0])}
         assert set(names) <= shown, (script, sorted(set(names) - shown))
+        for name, most in names.items():
+            assert most is None or f"${{{name}:-{most}}}" in text, (script, name, most)
 
