@@ -225,6 +225,7 @@ course_srun_stoppable() {
     COURSE_SIGNALLED=
     COURSE_STATUS=
     course_srun_pid=
+    course_check_pid=
     trap 'course_on_stop USR1' USR1
     trap 'course_on_stop TERM' TERM
     "$@" &
@@ -243,7 +244,30 @@ course_on_stop() {
     if [[ -n $course_srun_pid ]]; then kill -USR1 "$course_srun_pid" 2>/dev/null || true; fi
     # Said here, at the signal: a job Slurm requeued itself has only KillWait left before SIGKILL,
     # which may not outlast srun's own end (course_requeue_or_end, below, says why it matters).
-    course_requeued_by_slurm || true
+    # Asked in the background: a loaded slurmctld may answer after the training has saved, and
+    # this shell must then be free to say how to go on (course_requeue_or_end).
+    course_check_answer
+    if [[ -z ${COURSE_REQUEUED_BY_SLURM:-} && -z ${course_check_pid:-} ]]; then
+        course_requeued_by_slurm &
+        course_check_pid=$!
+    fi
+}
+
+# course_check_answer [wait]: take the answer of the check course_on_stop started, once it has
+# ended (with "wait": waiting for it): COURSE_REQUEUED_BY_SLURM is set if Slurm requeued the job.
+course_check_answer() {
+    [[ -n ${course_check_pid:-} ]] || return 0
+    if [[ ${1:-} != wait ]] && kill -0 "$course_check_pid" 2>/dev/null; then return 0; fi
+    local rc
+    while :; do
+        wait "$course_check_pid" && rc=0 || rc=$?
+        # (A trapped signal cuts `wait` short, as in course_srun_stoppable.)
+        if ((rc > 128)) && kill -0 "$course_check_pid" 2>/dev/null; then continue; fi
+        break
+    done
+    course_check_pid=
+    if ((rc == 0)); then COURSE_REQUEUED_BY_SLURM=yes; fi
+    return 0
 }
 
 # course_requeued_by_slurm: has Slurm requeued this job itself (its Restarts above the
@@ -296,6 +320,9 @@ course_job_state() {
 #   restart count is read again to know which happened.
 # - A refused requeue (--no-requeue, JobRequeue=0, a site's job_submit plugin) must not end the
 #   job COMPLETED as if the training had finished: one line, and exit 75 (the job ends FAILED).
+# - A SIGTERM to this shell brings SIGKILL after KillWait, and each `scontrol` waits on slurmctld
+#   (seconds when it is loaded): RESUME is said before any of them, the state-dependent line after.
+#   The check at the signal (course_on_stop) runs in the background for the same reason.
 # NEXT says what the requeued run will do ("resumes from <checkpoint>"); RESUME is the command
 # that continues the run later, by hand, from the kept checkpoint.
 course_requeue_or_end() {
@@ -305,6 +332,16 @@ course_requeue_or_end() {
         status=75
     fi
     ((status == 75)) || return "$status"
+    course_check_answer
+    [[ -n ${COURSE_REQUEUED_BY_SLURM:-} ]] && exit 0
+    # A SIGTERM to this shell (scancel, the time limit, Slurm's own requeue) is followed by SIGKILL
+    # after KillWait, which a loaded slurmctld's answers below may outlast: the way to go on is
+    # said first. (After the time limit's SIGUSR1, or a preemption's SIGTERM to the tasks alone,
+    # the job still runs and is requeued below: no command to submit it again.)
+    if [[ ${COURSE_SIGNALLED:-} == TERM ]]; then
+        echo "=== $(date -u '+%T') job $SLURM_JOB_ID stopped after SIGTERM: unless the next line says it is requeued, go on later with: $resume"
+    fi
+    course_check_answer wait
     course_requeued_by_slurm && exit 0
     local started=${SLURM_RESTART_COUNT:-0} restarts
     read -r state restarts <<<"$(course_job_state)"

@@ -9,8 +9,16 @@ the local cluster, as the README submits it (SUBSET for a shorter epoch), cancel
 trains. The two scripts share the rules (common/job_env.sh): lesson 05's runs on 22.05 (make
 test-long), lesson 07's on the newest Slurm (make test-slurm, tests/lanes.py's EVERY_SLURM);
 both came back before the fix (22.05).
+
+The cancel's SIGTERM is followed by SIGKILL after KillWait, and asking slurmctld whether the job
+is to be requeued can take longer on a loaded controller: the job says the command to go on
+first, then asks. The second test plays such a controller (an `scontrol` first on the job's
+PATH that answers `show job` after a minute) and finds the command in the output of a batch
+shell killed while it waited; before, the advice came after three `scontrol show job` calls (the
+first in the SIGTERM handler), and that job ended with none (measured on 22.05).
 """
 
+import os
 import shutil
 import subprocess
 
@@ -54,10 +62,65 @@ def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, 
         # A requeue accepted after the cancel counts a restart at once (_job_requeue_op).
         assert record.get("Restarts") == "0", (record, text)
         assert "requeueing job" not in text and text.count("=== job ") == 1, text
-        said = [line for line in text.splitlines() if "saved, not requeued" in line]
+        lines = text.splitlines()
+        said = [line for line in lines if "saved, not requeued" in line]
         assert len(said) == 1, text
         assert f"To go on later: {variable}={ckpt} sbatch {script} 1" in said[0], said[0]
+        # The same command, said first, before slurmctld was asked (the test below).
+        first = [line for line in lines if "go on later with:" in line]
+        assert len(first) == 1 and lines.index(first[0]) < lines.index(said[0]), text
+        assert first[0].endswith(f"go on later with: {variable}={ckpt} sbatch {script} 1"), first
         # What was saved is there to go on from (a file, or DCP's folder of shards).
         assert ckpt.is_file() or any(ckpt.rglob("*.distcp")), text
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
+
+
+# scontrol as a loaded slurmctld answers it: `show job` and `requeue` after a minute, longer than
+# the KillWait (10 s here, 30 s by default) between the cancel's SIGTERM and its SIGKILL; every
+# other call (scontrol show hostnames, in common.env) at once. First on the job's PATH.
+SLOW_SCONTROL = """#!/bin/bash
+case " $* " in *" show job "* | *" requeue "*) sleep 60 ;; esac
+exec {real} "$@"
+"""
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+def test_a_cancelled_job_says_how_to_go_on_before_asking_slurm(cluster, cluster_lock, tmp_path):
+    """A plain scancel, with every `scontrol show job` slower than KillWait: the batch shell is
+    killed while it waits for slurmctld, and the command to go on was said before it asked.
+    (Before: the resume command came after three `scontrol show job` calls, the first in the
+    SIGTERM handler, and the job ended with no advice at all.)"""
+    script, args, variable, name = SCRIPTS["05"]
+    out, ckpt, bin_dir = tmp_path / "job.out", tmp_path / name, tmp_path / "bin"
+    bin_dir.mkdir()
+    stub = bin_dir / "scontrol"
+    stub.write_text(SLOW_SCONTROL.format(real=shutil.which("scontrol")))
+    stub.chmod(0o755)
+
+    def log():
+        return out.read_text() if out.exists() else ""
+
+    with cluster_lock():
+        job = slurm("sbatch", "--parsable", f"--output={out}", ROOT / script, *args,
+                    env={"SUBSET": "12800", variable: str(ckpt),
+                         "PATH": f"{bin_dir}:{os.environ['PATH']}"})  # fmt: skip
+        try:
+            wait_for("a progress line", lambda: "batch 10/" in log(), 240)
+            slurm("scancel", job)
+            state, _, record = wait_job(job, timeout=240)
+        finally:
+            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    text = log()
+    try:
+        assert state == "CANCELLED" and record.get("Restarts") == "0", (record, text)
+        assert "checkpoint saved" in text and "requeueing job" not in text, text
+        # Killed while it waited for slurmctld: no state-dependent line, no end of the script.
+        assert "saved, not requeued" not in text and "finished with status" not in text, text
+        said = [line for line in text.splitlines() if "go on later with:" in line]
+        assert len(said) == 1, text
+        assert said[0].endswith(f"go on later with: {variable}={ckpt} sbatch {script} 1"), said
+        assert ckpt.is_file(), text
+    finally:
+        ckpt.unlink(missing_ok=True)
