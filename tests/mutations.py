@@ -1,0 +1,421 @@
+"""One-line mutations of the lessons, each run against the tests that must catch it.
+
+A test passes for a reason only if it fails when that reason is taken away. Each entry of
+MUTATIONS below changes one line of the course (a lesson's distributed step, the shared code it
+relies on) in a way a student could get wrong, and names the tests that check the property the
+line gives. For each one this script copies the course (the files git tracks or would track,
+as they are in the working tree, or with --commit REV as committed; .venv and data/ linked, not
+copied) to a folder of its own, applies the mutation there, checks that the file changed and
+still parses, runs the named tests in that copy with a time limit, and says:
+
+    CAUGHT   a named test failed: the suite would not pass with this mistake in it
+    MISSED   every named test passed with the mistake in it
+    ERROR    the mutation no longer applies, or pytest could not run the tests
+    TIMEOUT  the tests ran past --timeout
+
+It prints a table and exits 1 unless every mutation run was CAUGHT.
+
+    .venv/bin/python tests/mutations.py --list            # the mutations, their tests, why
+    .venv/bin/python tests/mutations.py --quick           # those that need no cluster
+    .venv/bin/python tests/mutations.py l05-set-epoch     # some, by name
+    .venv/bin/python tests/mutations.py                   # all (the slow ones take the cluster)
+    .venv/bin/python tests/mutations.py --quick --baseline --commit HEAD --table FILE
+
+--baseline first runs each mutation's tests on the unmutated copy (a catch counts only if they
+pass there); --table writes the table to a file (tests/mutations-result.txt holds the last
+full run's).
+
+Mutations marked slow need the local cluster (their tests submit jobs, under the cluster lock,
+as in `make test`). Not a test file: pytest collects test_*.py only (pyproject.toml's testpaths,
+pytest's default python_files).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+# The copies live where the local cluster's nodes see them (tests/conftest.py's SHARED_TMP): a
+# job's /tmp is its own, and a slow mutation's tests submit jobs from the copy.
+WORK = Path("/var/tmp/course-tests")
+LINKED = (".venv", "data")  # large, never mutated: the copy links to the course's own
+NBVAL = ["--nbval-lax", "--nbval-current-env", "--nbval-sanitize-with",
+         "tests/nbval_sanitize.cfg"]  # fmt: skip  (the Makefile's, for a notebook's items)
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    file: str  # relative to the course root
+    old: str  # found exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids, run in the mutated copy; one failing is a catch
+    why: str  # what the line gives, and what the tests check of it
+    slow: bool = False  # the tests need the local cluster
+
+
+MUTATIONS = (
+    Mutation(
+        "l00-sweep-one-rate", "lessons/00_slurm_basics/sweep.sh",
+        "lr=${rates[$SLURM_ARRAY_TASK_ID]}", "lr=${rates[0]}",
+        ("tests/test_lesson00.py::test_array_then_dependent_report",),
+        "every array task trains with its own rate (SLURM_ARRAY_TASK_ID): with the first rate "
+        "in every task the sweep sweeps nothing; the test reads each task's rate and the "
+        "report's ranking", slow=True),
+    Mutation(
+        "l01-allreduce-max", "lessons/01_hello_allreduce/hello_allreduce.py",
+        "dist.all_reduce(tensor, op=dist.ReduceOp.SUM)",
+        "dist.all_reduce(tensor, op=dist.ReduceOp.MAX)",
+        ("lessons/01_hello_allreduce/lesson.ipynb",),
+        "the collective adds every rank's tensor; MAX gives [W-1, 1] instead of [W(W-1)/2, W]. "
+        "The only test run without a cluster is a world of one, where MAX = SUM; the notebook "
+        "runs 2 processes and compares every rank's line (its cell that shows the code "
+        "differs too)"),
+    Mutation(
+        "l01-allreduce-max-job", "lessons/01_hello_allreduce/hello_allreduce.py",
+        "dist.all_reduce(tensor, op=dist.ReduceOp.SUM)",
+        "dist.all_reduce(tensor, op=dist.ReduceOp.MAX)",
+        ("tests/test_lesson01.py::test_job_script_on_local_cluster[job.sh]",),
+        "the same mistake on 2 nodes x 2 processes: every rank's line says WRONG", slow=True),
+    Mutation(
+        "l02-one-process-per-node", "lessons/02_launch_vs_srun/node_launch.sh",
+        '--nproc_per_node "$NPROC_PER_NODE"', "--nproc_per_node 1",
+        ("tests/test_lesson02.py::test_node_launch_helper_on_one_node[torchrun]",
+         "tests/test_lesson02.py::test_node_launch_helper_on_one_node[launch]"),
+        "the launcher starts one process per GPU of the node (common.env's NPROC_PER_NODE); "
+        "with 1 the world is half the size, and the test counts the ranks that said hello"),
+    Mutation(
+        "l03-set-epoch", "lessons/03_ddp_mnist/train.py",
+        "sampler.set_epoch(epoch)", "pass",
+        ("tests/test_lesson03.py::test_killed_after_first_checkpoint_resumes_at_the_epoch_boundary",),
+        "DistributedSampler reshuffles only when told the epoch: without set_epoch every epoch "
+        "repeats the first one's order; the 2-rank run's --log-order is checked epoch by epoch"),
+    Mutation(
+        "l04-job-size-fixed", "lessons/04_torchrun_enroot/env.sh",
+        "NPROC_PER_NODE=${SLURM_GPUS_ON_NODE:-2}", "NPROC_PER_NODE=2",
+        ("tests/test_lesson04.py::test_env_sh_takes_job_size_from_the_allocation",),
+        "torchrun's process count comes from the allocation (GPUs on the node), not a constant"),
+    Mutation(
+        "l05-set-epoch", "lessons/05_fault_tolerance/train.py",
+        "sampler.set_epoch(epoch)", "pass",
+        ("tests/test_lesson05.py::test_each_epoch_a_new_shuffle_shared_out_over_the_ranks",),
+        "as lesson 03: the 3-rank run's shares must change from epoch 1 to epoch 2"),
+    Mutation(
+        "l05-cancel-requeued", "common/job_env.sh",
+        "if [[ -n $state && $state != RUNNING ]]; then", "if false; then",
+        ("tests/test_lesson05_cancel.py::test_plain_scancel_saves_and_the_job_stays_cancelled[05]",),
+        "only a running job is requeued: without the state check a plain scancel's job comes "
+        "back (Slurm accepts the requeue of a cancelled, completing job)", slow=True),
+    Mutation(
+        "l05-advice-after-asking", "common/job_env.sh",
+        "if [[ ${COURSE_SIGNALLED:-} == TERM ]]; then", "if false; then",
+        ("tests/test_lesson05_cancel.py::"
+         "test_a_cancelled_job_says_how_to_go_on_before_asking_slurm",),
+        "after a SIGTERM the command to go on is said before slurmctld is asked anything: "
+        "SIGKILL follows after KillWait, and a slow scontrol must not take the advice with it",
+        slow=True),
+    Mutation(
+        "l06-busbw-factor", "lessons/06_diagnosing_hangs/allreduce_bench.py",
+        "return algbw * 2 * (ranks - 1) / ranks", "return algbw * (ranks - 1) / ranks",
+        ("tests/test_lesson06.py::test_sizes_and_busbw",),
+        "an all_reduce moves 2(n-1)/n of the buffer over each rank's link (nccl-tests' busbw); "
+        "the figure students compare with their network's"),
+    Mutation(
+        "l07-root-unsharded", "lessons/07_fsdp_sharding/train.py",
+        "    fully_shard(model, mp_policy=root_mp)", "    pass  # the root left out",
+        ("tests/test_lesson07.py::test_fsdp2_and_ddp_take_the_same_steps",),
+        "fully_shard on the root takes the stem and the head; without it their gradients are "
+        "reduced by nobody and the ranks drift apart: FSDP2's 5 steps must equal DDP's, bit "
+        "for bit"),
+    Mutation(
+        "l08-labels-rolled", "lessons/08_data_pipeline/train.py",
+        "labels = labels.to(device, non_blocking=True)",
+        "labels = labels.to(device, non_blocking=True).roll(1)",
+        ("tests/test_lesson08.py::"
+         "test_three_ranks_score_each_test_image_once_and_profile_the_collectives",),
+        "each image trained with another's label: the loader's images and labels must stay "
+        "paired; the 3-rank run must pass 30 % test accuracy (48.98 % measured, 9.98 % rolled)"),
+    Mutation(
+        "l09-tp-plan-w2-colwise", "lessons/09_beyond_data_parallel/tp.py",
+        '"feed_forward.w2": RowwiseParallel(output_layouts=seq),',
+        '"feed_forward.w2": ColwiseParallel(output_layouts=seq),',
+        ("tests/test_lesson09.py::test_split_equals_unsplit[tp]",),
+        "Megatron's pairing: w1 split by columns, w2 by rows, one reduction between them; the "
+        "split model must give the unsplit one's loss, logits and gradients"),
+    Mutation(
+        "l10-fit-ac-default", "lessons/10_fit_and_keep/fit.sh",
+        "case ${AC:-both} in", "case ${AC:-on} in",
+        ("tests/test_lesson10.py::test_fit_job",),
+        "fit.sh as the README submits it (AC unset) measures each rank count without, then "
+        "with activation checkpointing, the comparison the lesson draws; with `on` as the "
+        "default half of it is gone. Only a test that submits fit.sh without AC and counts its "
+        "steps can tell", slow=True),
+    Mutation(
+        "l11-check-launch", "lessons/11_torchft/train_ft.py",
+        "check_launch(env)  # the store's", "pass  # the store's",
+        ("tests/test_setup.py::test_the_set_up_copies_agree_line_by_line"
+         "[lessons/11_torchft/train_ft.py]",),
+        "check_launch turns a wrong address, port or rank 0's node into one line before the "
+        "store is reached; the set-up comparison wants it in every lesson script's block"),
+    Mutation(
+        "mnist-evaluate-all-reduce", "common/mnist.py",
+        "    dist.all_reduce(totals)", "    pass",
+        ("tests/test_evaluate.py::test_two_ranks_score_the_test_set_as_one_process_does",),
+        "each rank scores its slice of the test set; the sum over ranks is the whole set's "
+        "figure: without it rank 0 reports its own slice (78.10 % for the whole set's 77.04 %)"),
+)
+
+
+def course_files() -> list[str]:
+    """What git tracks or would track (not ignored), as the working tree has it."""
+    out = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, check=True).stdout  # fmt: skip
+    return [p for p in out.decode().split("\0") if p]
+
+
+def copy_course(dest: Path, commit: str | None) -> None:
+    if commit:  # the files of that commit, as git archive writes them
+        archive = subprocess.run(["git", "archive", "--format=tar", commit], cwd=ROOT,
+                                 capture_output=True, check=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+    for rel in [] if commit else course_files():
+        src = ROOT / rel
+        if not src.exists() and not src.is_symlink():  # deleted in the working tree
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel, follow_symlinks=False)
+    for name in LINKED:
+        if (ROOT / name).exists():
+            (dest / name).symlink_to(ROOT / name)
+
+
+def apply(mutation: Mutation, root: Path) -> str | None:
+    """Mutate the file under ROOT; None, or why it cannot be applied."""
+    path = root / mutation.file
+    if not path.is_file():
+        return f"{mutation.file} is not there"
+    text = path.read_text()
+    found = text.count(mutation.old)
+    if found != 1:
+        return f"{mutation.old!r} is in {mutation.file} {found} times, not once"
+    changed = text.replace(mutation.old, mutation.new)
+    if changed == text:
+        return "the mutated text is the same as the original"
+    path.write_text(changed)
+    # A file that no longer parses would be caught for the wrong reason.
+    if path.suffix == ".py":
+        try:
+            compile(changed, str(path), "exec")
+        except SyntaxError as exc:
+            return f"the mutated file does not parse: {exc}"
+    elif path.suffix == ".sh":
+        check = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        if check.returncode:
+            return f"the mutated file does not parse: {check.stderr.strip()}"
+    return None
+
+
+def environment(root: Path) -> dict[str, str]:
+    """This environment, with the copy first on PYTHONPATH: the venv's editable install of
+    common/ points at the course itself, and a process that has no PYTHONPATH of its own would
+    import the unmutated common/ from there."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    env["COURSE_NOTEBOOK_SUBMIT"] = "0"  # as `make test` runs the notebooks
+    return env
+
+
+@dataclass
+class Result:
+    mutation: Mutation
+    verdict: str
+    seconds: float
+    caught_by: tuple[str, ...] = ()
+    detail: str = ""
+
+
+def run(mutation: Mutation, timeout: float, keep: bool, baseline: bool,
+        commit: str | None) -> Result:
+    started = time.monotonic()
+    WORK.mkdir(exist_ok=True)
+    copy = Path(tempfile.mkdtemp(prefix=f"mutation-{mutation.name}-", dir=WORK))
+    try:
+        copy_course(copy, commit)
+        env = environment(copy)
+        python = str(copy / ".venv" / "bin" / "python")
+        seen = subprocess.run([python, "-c", "import common; print(common.__file__)"], cwd="/",
+                              env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+        if not seen.stdout.startswith(str(copy)):
+            return Result(mutation, "ERROR", time.monotonic() - started,
+                          detail=f"common/ imported from {seen.stdout.strip()}{seen.stderr}")
+        cmd = [python, "-m", "pytest", "-p", "no:cacheprovider",
+               "-q", "-rfE", *mutation.tests]  # fmt: skip
+        if any(t.split("::")[0].endswith(".ipynb") for t in mutation.tests):
+            cmd += NBVAL
+        if baseline:  # a catch means something only if the tests pass without the mutation
+            status, out = pytest(cmd, copy, env, timeout)
+            if status != 0:
+                return Result(mutation, "ERROR", time.monotonic() - started,
+                              detail=f"the tests fail without the mutation\n{_tail(out)}")
+        problem = apply(mutation, copy)
+        if problem:
+            return Result(mutation, "ERROR", time.monotonic() - started, detail=problem)
+        started = time.monotonic()  # the mutated run's time alone
+        status, out = pytest(cmd, copy, env, timeout)
+        seconds = time.monotonic() - started
+        if status is None:
+            return Result(mutation, "TIMEOUT", seconds, detail=_tail(out))
+        if status == 1:
+            said = re.finditer(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", out, re.M)
+            failed = tuple(dict.fromkeys(m[1].replace(f"{copy}/", "") for m in said))
+            return Result(mutation, "CAUGHT", seconds, failed or ("(see the output)",),
+                          detail=out)
+        if status == 0:
+            return Result(mutation, "MISSED", seconds, detail=_tail(out, 3))
+        return Result(mutation, "ERROR", seconds, detail=f"pytest exited {status}\n{_tail(out)}")
+    finally:
+        if keep:
+            print(f"  (kept {copy})", flush=True)
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def pytest(cmd: list[str], cwd: Path, env: dict[str, str], timeout: float):
+    """Run pytest in its own session: (exit status, output), status None past TIMEOUT. Then it
+    gets SIGINT, so that its fixtures end what they started (a job is cancelled), and a minute
+    later its whole session SIGKILL."""
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)  # fmt: skip
+        try:
+            status = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            status = None
+            os.killpg(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left behind
+        proc.wait()
+        log.seek(0)
+        return status, log.read()
+
+
+def _tail(text: str, lines: int = 15) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def table(results: list[Result]) -> list[str]:
+    name_w = max(len("mutation"), *(len(r.mutation.name) for r in results))
+    rows = [f"{'mutation':<{name_w}}  {'result':<7}  {'seconds':>7}  caught by (or the tests run)",
+            f"{'-' * name_w}  {'-' * 7}  {'-' * 7}  {'-' * 30}"]
+    for r in results:
+        by = r.caught_by if r.verdict == "CAUGHT" else r.mutation.tests
+        slow = " (slow)" if r.mutation.slow else ""
+        rows.append(f"{r.mutation.name:<{name_w}}  {r.verdict:<7}  {r.seconds:7.0f}  "
+                    f"{', '.join(by)}{slow}")
+    return rows
+
+
+def listing() -> None:
+    for m in MUTATIONS:
+        problem = _applies(m)
+        print(f"{m.name}{'  [slow: the local cluster]' if m.slow else ''}"
+              f"{'  [does not apply: ' + problem + ']' if problem else ''}")
+        print(f"  {m.file}: {m.old!r} -> {m.new!r}")
+        for t in m.tests:
+            print(f"  caught by {t}")
+        print(f"  why: {m.why}")
+
+
+def _applies(mutation: Mutation) -> str | None:
+    path = ROOT / mutation.file
+    if not path.is_file():
+        return f"{mutation.file} is not there"
+    found = path.read_text().count(mutation.old)
+    return None if found == 1 else f"found {found} times"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help="mutations to run (default: all)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and stop")
+    parser.add_argument("--quick", action="store_true",
+                        help="leave out the slow mutations (their tests need the cluster)")
+    parser.add_argument("--timeout", type=float, default=1800,
+                        help="seconds for one mutation's tests (default 1800: the slow ones may "
+                        "wait for the cluster lock)")
+    parser.add_argument("--commit", metavar="REV",
+                        help="copy the course as committed at REV (default: the working tree)")
+    parser.add_argument("--baseline", action="store_true",
+                        help="first run each mutation's tests on the copy as it is: they must pass")
+    parser.add_argument("--keep", action="store_true", help="keep each mutated copy")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="the end of pytest's output for every mutation")
+    parser.add_argument("--table", type=Path, help="also write the table to this file")
+    args = parser.parse_args(argv)
+    if args.list:
+        listing()
+        return 0
+    by_name = {m.name: m for m in MUTATIONS}
+    unknown = [n for n in args.names if n not in by_name]
+    if unknown:
+        parser.error(f"no mutation named {', '.join(unknown)} (--list shows them)")
+    chosen = [by_name[n] for n in args.names] or list(MUTATIONS)
+    if args.quick:
+        chosen = [m for m in chosen if not m.slow]
+    if args.commit:  # one commit for every mutation, whatever is committed meanwhile
+        args.commit = subprocess.run(["git", "rev-parse", "--verify", args.commit], cwd=ROOT,
+                                     capture_output=True, text=True, check=True).stdout.strip()
+    started = time.monotonic()
+    results = []
+    for i, mutation in enumerate(chosen, 1):
+        print(f"[{i}/{len(chosen)}] {mutation.name}: {mutation.file}", flush=True)
+        result = run(mutation, args.timeout, args.keep, args.baseline, args.commit)
+        results.append(result)
+        print(f"  {result.verdict} in {result.seconds:.0f} s"
+              f"{': ' + ', '.join(result.caught_by) if result.caught_by else ''}", flush=True)
+        if result.verdict == "CAUGHT":  # how: pytest's first line of the failure
+            how = next((line for line in result.detail.splitlines() if line.startswith("E ")),
+                       "")  # fmt: skip
+            print(f"  {how[:300]}", flush=True)
+        if (result.verdict != "CAUGHT" or args.verbose) and result.detail:
+            print("  " + result.detail.replace("\n", "\n  "), flush=True)
+    total = time.monotonic() - started
+    rows = table(results)
+    counts = {v: sum(r.verdict == v for r in results) for v in ("CAUGHT", "MISSED", "ERROR",
+                                                                 "TIMEOUT")}  # fmt: skip
+    summary = (f"{len(results)} mutations in {total:.0f} s: "
+               + ", ".join(f"{n} {v}" for v, n in counts.items() if n))
+    print("\n" + "\n".join(rows) + "\n" + summary)
+    for r in results:
+        if r.verdict == "MISSED":
+            print(f"MISSED {r.mutation.name}: {r.mutation.why}")
+    if args.table:
+        head = subprocess.run(["git", "log", "-1", "--format=%h %cd", "--date=short",
+                               args.commit or "HEAD"], cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()  # fmt: skip
+        source = f"commit {head}" if args.commit else f"the working tree (HEAD {head})"
+        lines = [f"python tests/mutations.py {' '.join(sys.argv[1:] if argv is None else argv)}",
+                 f"the course as in {source}; {os.cpu_count()} CPUs", "", *rows, "", summary]
+        lines += [f"MISSED {r.mutation.name}: {r.mutation.why}" for r in results
+                  if r.verdict == "MISSED"]
+        args.table.write_text("\n".join(lines) + "\n")
+    return 0 if all(r.verdict == "CAUGHT" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
