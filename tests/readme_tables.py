@@ -53,6 +53,9 @@ QUICK = {
     IPYKERNEL: 0,
     # About 10 s: three estimates, nothing allocated.
     "python lessons/10_fit_and_keep/fit.py": 0,
+    # About 20 s: 200 steps of 4 processes.
+    "torchrun --standalone --nproc-per-node 4 lessons/12_sick_node/train.py --steps 200 "
+    "--train-subset 4096": 0,
 }
 
 # Commands that write outside the course: the variable that moves that place, set to a temporary
@@ -66,6 +69,9 @@ UP_DOWN = "tests/test_cluster.py::test_up_is_idempotent_and_down_leaves_nothing"
 TORCHFT_JOBS = ("tests/test_lesson11_cluster.py::"
                 "test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit")
 KEEP_JOB = "tests/test_lesson10.py::test_keep_job"
+SICK_MOVE = ("tests/test_lesson12.py::"
+             "test_a_slowed_node_is_named_and_the_job_finishes_without_it")
+SICK_NOWHERE = "tests/test_lesson12.py::test_with_no_node_to_move_to_the_job_says_so"
 
 # Commands that a test under tests/ runs or submits as written: command -> that test (file::
 # function, or a file for all of its tests). A job may be shortened there by the variables its
@@ -124,6 +130,9 @@ AS_WRITTEN_BY = {
     "sbatch lessons/10_fit_and_keep/keep.sh": KEEP_JOB,
     "sbatch lessons/10_fit_and_keep/reshard.sh": "tests/test_lesson10.py::test_reshard_job",
     "sbatch lessons/11_torchft/group.sh 1": TORCHFT_JOBS,
+    "sbatch lessons/12_sick_node/job.sh": SICK_MOVE,
+    "sbatch lessons/12_sick_node/job.sh --fault nan --fault-node node2": SICK_NOWHERE,
+    "sbatch lessons/12_sick_node/job.sh --fault bitflip --fault-node node2": SICK_NOWHERE,
 }
 # Tests run through a make target: the test -> the target (its recipe's sbatch is the job).
 MAKE_TARGETS = {"tests/test_demo.py::test_make_demo": "demo"}
@@ -213,6 +222,12 @@ NOT_RUN = {
     "bash lessons/11_torchft/compare.sh": (
         NEEDS_ROOT, "sets the shared cluster's nodes DOWN; a benchmark of about 5 minutes, run for "
         "the README, not in CI", ""),
+    "make cluster-up NODES=3": (
+        NEEDS_ROOT, "restarts the shared cluster with a third node (lesson 12's test does it with "
+        "cluster/up.sh --nodes 3, under the cluster's lock)", ""),
+    "make cluster-up": (NEEDS_ROOT, "restarts the shared cluster in its default shape", ""),
+    "bash lessons/12_sick_node/slow_node.sh <jobid> node2": (
+        NEEDS_JOB, "a running job.sh's", SICK_MOVE),
 }
 
 
@@ -248,6 +263,7 @@ SHORTER = {
     "lessons/09_beyond_data_parallel/2d.sh": {"STEPS": 100},
     "lessons/09_beyond_data_parallel/compare.sh": {"STEPS": 10},
     "lessons/11_torchft/group.sh": {"SUBSET": None, "STEPS": 2000},
+    "lessons/12_sick_node/job.sh": {"SUBSET": None, "STEPS": 600},
 }
 
 # Jobs a README shows ending otherwise than COMPLETED: the state their run must end in (every
@@ -261,6 +277,10 @@ JOB_ENDS = {
     "lh=$(sbatch --parsable lessons/11_torchft/lighthouse.sh)": "CANCELLED",
     # Lesson 11: group 1's first job, killed by the student's `scancel --signal=KILL`.
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": "CANCELLED",
+    # Lesson 12: each names node2, saves and exits 3 (then moves, where a node is left).
+    "sbatch lessons/12_sick_node/job.sh": "FAILED",
+    "sbatch lessons/12_sick_node/job.sh --fault nan --fault-node node2": "FAILED",
+    "sbatch lessons/12_sick_node/job.sh --fault bitflip --fault-node node2": "FAILED",
 }
 
 # The job id a README shows as an earlier sbatch's (lesson 00: "Submitted batch job 987", then

@@ -49,6 +49,7 @@ def test_every_lesson_is_there():
         "09_beyond_data_parallel",
         "10_fit_and_keep",
         "11_torchft",
+        "12_sick_node",
     ]
 
 

@@ -102,6 +102,7 @@ def test_collection_finds_every_readme_command():
         "lessons/07_fsdp_sharding/README.md": 5, "lessons/08_data_pipeline/README.md": 7,
         "lessons/09_beyond_data_parallel/README.md": 7, "lessons/10_fit_and_keep/README.md": 8,
         "lessons/11_torchft/README.md": 6,
+        "lessons/12_sick_node/README.md": 7,
     }, counts
     assert Command("lessons/03_ddp_mnist/README.md", 50, "sbatch lessons/03_ddp_mnist/job.sh") \
         in commands
@@ -184,7 +185,8 @@ def test_readme_command(command):
 
 # Which `make` lane runs a test, by its marks (tests/lanes.py); the rest run in make test.
 LANES = (("lesson09", "make test-lesson09"), ("lesson10", "make test-lesson10"),
-         ("lesson11", "make test-lesson11"), ("scale", "make test-scale"),
+         ("lesson11", "make test-lesson11"), ("lesson12", "make test-lesson12"),
+         ("scale", "make test-scale"),
          ("sites", "make test-sites"), ("long", "make test-long"), ("readme", "make test-readme"))
 # Collects the files given (pytest --collect-only) and writes {test id: its marks} as JSON,
 # a parametrized test under its function's id.

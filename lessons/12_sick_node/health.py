@@ -95,35 +95,45 @@ def gather_floats(values: list[float], device: torch.device) -> list[list[float]
 
 @dataclass
 class StragglerWatch:
-    """Names the node whose ranks compute ``factor`` times longer than the fastest rank, in
-    ``windows`` windows in a row. Relative, so a machine that is slow everywhere (CI's load, a
-    smaller GPU) flags nothing; sustained, so one unlucky window does not either. By node, not
-    by rank: a sick node slows all of its ranks, which take turns at being the slowest, and
-    the node is what a site takes out. The fastest rank, not the median, is the yardstick:
-    with two nodes, half of the ranks are the slow ones."""
+    """Names the node whose *fastest* rank computes ``factor`` times longer than the median
+    rank of the other nodes, in ``windows`` windows in a row.
+
+    By node, not by rank: a sick node slows every rank it runs, and the node is what a site
+    takes out. Its fastest rank against the others' median: one rank that the machine's other
+    work held up does not make its node slow, and the yardstick is not itself on the sick node.
+    Relative, so a machine that is slow everywhere (CI's load, a smaller GPU) flags nothing;
+    sustained, so one unlucky window does not either. A job on one node has nothing to compare
+    with, and nowhere to move to: it is never flagged."""
 
     nodes: list[str]  # the node of each rank
-    factor: float = 1.5
+    factor: float = 2.0
     windows: int = 3
     streak: int = 0
     suspect: str | None = None
     highest: float = 0.0  # the highest ratio seen in any window: how near a clean run comes
     history: list = field(default_factory=list)  # per window: [(compute, wait) per rank]
 
-    def ratios(self, times: list[list[float]]) -> list[float]:
-        fastest = min(t[0] for t in times)
-        return [t[0] / fastest if fastest > 0 else 1.0 for t in times]
+    def ratios(self, times: list[list[float]]) -> dict[str, float]:
+        """Per node: its fastest rank's compute time over the others' median."""
+        out = {}
+        for node in dict.fromkeys(self.nodes):
+            mine = [t[0] for t, n in zip(times, self.nodes, strict=True) if n == node]
+            others = [t[0] for t, n in zip(times, self.nodes, strict=True) if n != node]
+            if others and statistics.median(others) > 0:
+                out[node] = min(mine) / statistics.median(others)
+        return out
 
     def update(self, times: list[list[float]]) -> str | None:
         """``times[rank] = [compute, wait]``; returns the straggler's node once it is sure."""
         self.history.append(times)
         ratios = self.ratios(times)
-        slowest = max(range(len(ratios)), key=ratios.__getitem__)
-        self.highest = max(self.highest, ratios[slowest])
-        if ratios[slowest] < self.factor:
+        if not ratios:
+            return None
+        node = max(ratios, key=ratios.get)
+        self.highest = max(self.highest, ratios[node])
+        if ratios[node] < self.factor:
             self.streak, self.suspect = 0, None
             return None
-        node = self.nodes[slowest]
         self.streak = self.streak + 1 if node == self.suspect else 1
         self.suspect = node
         return node if self.streak >= self.windows else None

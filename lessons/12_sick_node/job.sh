@@ -71,5 +71,5 @@ next=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB
        --export="ALL,CHECKPOINT=$CHECKPOINT,STEPS=$STEPS${SUBSET:+,SUBSET=$SUBSET}" \
        ${out:+--output="${out//$SLURM_JOB_ID/%j}"} \
        "$COURSE_ROOT/lessons/12_sick_node/job.sh" "${train_args[@]}")
-echo "=== $(date -u '+%T') moved off $sick: job $next resumes from $CHECKPOINT without $excluded (the site's own way: scontrol update NodeName=$sick State=DRAIN Reason=..., an operator's command)"
+echo "=== $(date -u '+%T') moved off $sick: job $next resumes from $CHECKPOINT without $excluded"
 exit 3

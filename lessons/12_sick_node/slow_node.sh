@@ -19,7 +19,7 @@ read -r state nodes <<<"$(squeue -h -j "$job" -o '%T %N' 2>/dev/null)" || true
 [[ $state == RUNNING ]] || { echo "error: job $job is not running (${state:-not in the queue}): slow a job while it trains" >&2; exit 2; }
 scontrol show hostnames "$nodes" | grep -qxF "$node" || { echo "error: node '$node' is not one of job $job's nodes ($nodes)" >&2; exit 2; }
 
-echo "slowing job $job's training tasks on $node: stopped ${stop_ms} ms of every $((stop_ms + run_ms)) ms, for $seconds s"
+echo "=== $(date -u '+%T') slowing job $job's training tasks on $node: stopped ${stop_ms} ms of every $((stop_ms + run_ms)) ms, for $seconds s or until the job ends"
 # shellcheck disable=SC2016  # expanded on the node, by the bash that srun starts there
 srun --overlap --jobid="$job" --nodelist="$node" --nodes=1 --ntasks=1 bash -c '
     job=$1 seconds=$2 stop=$(awk "BEGIN { print $3 / 1000 }") run=$(awk "BEGIN { print $4 / 1000 }")
@@ -37,4 +37,4 @@ srun --overlap --jobid="$job" --nodelist="$node" --nodes=1 --ntasks=1 bash -c '
         kill -CONT "${pids[@]}" 2>/dev/null || true
         sleep "$run"
     done' slow "$job" "$seconds" "$stop_ms" "$run_ms"
-echo "slow_node: done with $node"
+echo "=== $(date -u '+%T') done with $node"
