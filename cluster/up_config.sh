@@ -65,6 +65,7 @@ render_configs() {
     local job_container="JobContainerType=job_container/tmpfs"
     version_at_least 25.11 && job_container="NamespaceType=namespace/tmpfs"
     local site_lines="# Site profile: $SITE (cluster/README.md, \"Site profiles\")."
+    local job_requeue=1
     case $SITE in
     shared-tmp) job_container="# (site shared-tmp: no per-job /tmp; every job sees the machine's /tmp)" ;;
     # Sites make --export=NONE sbatch's default with a cli_filter (or SBATCH_EXPORT=NONE in the
@@ -77,6 +78,9 @@ render_configs() {
     # pyxis (NVIDIA's container plugin) sets rank variables in each task of a container step; a
     # TaskProlog sets them at the same point of a task's start (cluster/task_prolog.sh.in).
     pyxis | pyxis-hook) site_lines+=$'\n'"TaskProlog=$TASK_PROLOG" ;;
+    # Sites that requeue a batch job only if it asks (sbatch --requeue; JobRequeue in
+    # slurm.conf(5)): after a node failure any other job ends NODE_FAIL.
+    no-requeue) job_requeue=0 ;;
     esac
     TOPOLOGY_TEXT=""
     if [[ $SITE == rank0-elsewhere ]]; then
@@ -95,7 +99,7 @@ render_configs() {
         "COMM_PARAMS=$comm" "DBD_PORT=$DBD_PORT" "MAIL_PROG=$HERE/mailprog.sh" \
         "CTL_ADDR=$CTL_ADDR" "CTL_PORT=$CTL_PORT" "ROOT=$CLUSTER_ROOT" "GRACE_S=$GRACE_S" \
         "NODE_LINES=${node_lines%$'\n'}" "NODE_LIST=$node_list" "VERSION_LINES=$version_lines" \
-        "JOB_CONTAINER=$job_container" "SITE_LINES=$site_lines")
+        "JOB_CONTAINER=$job_container" "SITE_LINES=$site_lines" "JOB_REQUEUE=$job_requeue")
     GRES_CONF_TEXT=$(render "$HERE/gres.conf.in" "GRES_LINES=$gres_lines")
     local disk_lines=""
     for ((i = 1; i <= NODES; i++)); do

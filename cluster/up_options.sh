@@ -13,9 +13,10 @@ CHECK_ONLY=0
 # export-none (sbatch defaults to --export=NONE), shared-tmp (no per-job /tmp), rank0-elsewhere
 # (topology/tree, the upper half of the nodes on the first switch), pyxis (every srun task gets
 # RANK and LOCAL_RANK as pyxis sets them for an NGC PyTorch image), pyxis-hook (and WORLD_SIZE,
-# MASTER_ADDR, MASTER_PORT as enroot's 50-slurm-pytorch.sh hook adds them). cluster/README.md.
+# MASTER_ADDR, MASTER_PORT as enroot's 50-slurm-pytorch.sh hook adds them), no-requeue
+# (JobRequeue=0: only a job submitted with --requeue goes back to the queue). cluster/README.md.
 SITE=${COURSE_CLUSTER_SITE:-strict}
-SITES="strict export-none shared-tmp rank0-elsewhere pyxis pyxis-hook"
+SITES="strict export-none shared-tmp rank0-elsewhere pyxis pyxis-hook no-requeue"
 # The version: --slurm, else COURSE_SLURM_VERSION (a test run or a shell that works with one
 # version throughout), else the default.
 SLURM_VERSION=${COURSE_SLURM_VERSION:-$SLURM_DEFAULT}
@@ -36,7 +37,8 @@ Running it again with the same shape changes nothing; another shape restarts the
                        rank0-elsewhere (a topology plugin: from Slurm 26.05 task 0 of a block
                        distribution runs on the job's last node), pyxis (each srun task gets
                        RANK and LOCAL_RANK as pyxis sets them), pyxis-hook (also WORLD_SIZE,
-                       MASTER_ADDR, MASTER_PORT, as enroot's 50-slurm-pytorch.sh hook);
+                       MASTER_ADDR, MASTER_PORT, as enroot's 50-slurm-pytorch.sh hook),
+                       no-requeue (JobRequeue=0: only a job that asks, --requeue, is requeued);
                        \$COURSE_CLUSTER_SITE sets the default (cluster/README.md, "Site profiles")
   --nodes N            number of nodes (default $NODES, at most 200)
   --gpus-per-node G    "GPUs" per node, bookkeeping only (default $GPUS, at most 16)

@@ -220,7 +220,7 @@ NOT_RUN = {
         NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
     "scancel --signal=KILL <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
     "bash lessons/11_torchft/compare.sh": (
-        NEEDS_ROOT, "sets the shared cluster's nodes DOWN; a benchmark of about 5 minutes, run for "
+        NEEDS_ROOT, "sets the shared cluster's nodes DOWN; a benchmark of about 6 minutes, run for "
         "the README, not in CI", ""),
     "make cluster-up NODES=3": (
         NEEDS_ROOT, "restarts the shared cluster with a third node (lesson 12's test does it with "

@@ -83,7 +83,7 @@ def recorded_daemons():
         (["node1"], "unknown option 'node1'"),
         (["--site", "lenient"], "--site (or COURSE_CLUSTER_SITE) must be one of strict, "
                                 "export-none, shared-tmp, rank0-elsewhere, pyxis, pyxis-hook, "
-                                "got 'lenient'"),
+                                "no-requeue, got 'lenient'"),
     ],
 )
 def test_up_rejects_bad_flags_with_the_flag_named(args, message):

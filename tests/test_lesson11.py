@@ -2,14 +2,18 @@
 
 On this machine (gloo on loopback, a real lighthouse, each group a process as srun starts it):
 the lighthouse's address missing, malformed or not answering is one line in seconds naming
-TORCHFT_LIGHTHOUSE; two groups train, one is killed (SIGKILL: no goodbye), the other steps on
-alone, a new process of the killed group heals from it and then holds the same weights and
-optimizer state, bit for bit. The cluster's version (a node set DOWN, the requeued job healing)
-is tests/test_lesson11_cluster.py.
+TORCHFT_LIGHTHOUSE, and so are an address file whose lighthouse job is not running, torchft
+missing (the platforms it has no wheels for) and a node whose [::] takes no IPv4; two groups
+train, one is killed (SIGKILL: no goodbye), the other steps on alone, a new process of the
+killed group heals from it and then holds the same weights and optimizer state, bit for bit.
+The cluster's version (a node set DOWN, the requeued job healing) is
+tests/test_lesson11_cluster.py.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 import shutil
 import signal
@@ -21,7 +25,8 @@ from pathlib import Path
 import pytest
 from helpers import clean_environ
 
-pytest.importorskip("torchft", reason="torchft has wheels for Linux x86_64 only")
+pytest.importorskip("torchft", reason="torchft 0.2.0 has wheels for CPython 3.10-3.13 on Linux "
+                    "x86_64 only (requirements.txt installs it nowhere else)")  # fmt: skip
 # Two processes training side by side for ~20 s on 2 cores: a lane of its own (make test-lesson11).
 pytestmark = pytest.mark.lesson11
 
@@ -39,15 +44,27 @@ def free_port() -> int:
     return find_free_port()
 
 
-@pytest.mark.parametrize("args, env, says", [
-    (["5"], {}, "the group index '5' is not one of 0..1"),
-    (["0"], {"FT_GROUPS": "0"}, "FT_GROUPS='0' is not a whole number of groups"),
-    (["0"], {"STEPS": "many"}, "STEPS='many' is not a whole number of steps"),
-])  # fmt: skip
-def test_group_sh_refuses_bad_input_in_one_line(args, env, says):
+@pytest.mark.parametrize("args, env, address, says", [
+    (["5"], {}, None, "the group index '5' is not one of 0..1"),
+    (["0"], {"FT_GROUPS": "0"}, None, "FT_GROUPS='0' is not a whole number of groups"),
+    (["0"], {"STEPS": "many"}, None, "STEPS='many' is not a whole number of steps"),
+    (["0"], {"SUBSET": "all"}, None, "SUBSET='all' is not a whole number of images"),
+    (["0"], {"FT_WAIT_S": "soon"}, None, "FT_WAIT_S='soon' is not a whole number of seconds"),
+    (["0"], {"FT_WAIT_S": "1"}, None, "no lighthouse address in {dir}/lighthouse after 1 s"),
+    # An address whose lighthouse job has ended (or never was): squeue does not list it running.
+    (["0"], {"FT_WAIT_S": "1"}, "http://node1:15001 999999\n",
+     "names http://node1:15001 of lighthouse job 999999, which is not running (squeue: "),
+    (["0"], {"FT_WAIT_S": "1"}, "http://node1:15001\n", "holds 'http://node1:15001' and no job id"),
+], ids=["index", "groups", "steps", "subset", "wait", "no-file", "job-not-running",
+        "no-job-id"])  # fmt: skip
+def test_group_sh_refuses_bad_input_in_one_line(args, env, address, says, tmp_path):
+    if address:
+        (tmp_path / "lighthouse").write_text(address)
     proc = subprocess.run(["bash", str(LESSON / "group.sh"), *args], cwd=ROOT, timeout=60,
-                          env=clean_environ(SLURM_SUBMIT_DIR=str(ROOT), **env),
+                          env=clean_environ(SLURM_SUBMIT_DIR=str(ROOT), FT_DIR=str(tmp_path),
+                                            **env),
                           capture_output=True, text=True)  # fmt: skip
+    says = says.format(dir=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], proc.stderr
@@ -105,9 +122,12 @@ BAD_ADDRESSES = [
 
 def test_bad_lighthouse_or_too_few_groups_is_one_line(tmp_path):
     """The lighthouse's address missing, malformed or silent: checked before torchft, whose
-    client would retry for its connect timeout (60 s). A lighthouse that wants 2 groups, and 1
-    group: it says what it waits for and how long, then one line when the wait is over (torchft
-    raises a TimeoutError from its Rust client). The four run side by side (each a process that
+    client would retry for its connect timeout (train_ft.py's 10 s; 60 s by default) and raise
+    with a traceback. A lighthouse that wants 2 groups, and 1 group: it says what it waits for
+    and how long, then one line when the wait is over (torchft raises a TimeoutError from its
+    Rust client). torchft that does not import (a stand-in package that raises ImportError, as
+    on CPython 3.14 or aarch64, where requirements.txt leaves it out): one line naming this
+    platform. A group of two processes: one line. The six run side by side (each a process that
     imports torch)."""
     procs: list[subprocess.Popen] = []
     try:
@@ -121,12 +141,25 @@ def test_bad_lighthouse_or_too_few_groups_is_one_line(tmp_path):
                 env["TORCHFT_LIGHTHOUSE"] = url.format(port=free_port())
             runs.append((env, says))
         runs.append((waiting_env, "no quorum within 4 s at step 0"))
+        stand_in = tmp_path / "no-torchft" / "torchft"
+        stand_in.mkdir(parents=True)
+        (stand_in / "__init__.py").write_text('raise ImportError("no wheel for this platform")')
+        here = f"CPython {platform.python_version()} on {platform.system()} {platform.machine()}"
+        env = clean_environ()
+        env["PYTHONPATH"] = f"{stand_in.parent}{os.pathsep}{env['PYTHONPATH']}"
+        runs.append((env, f"torchft does not import here ({here}: no wheel for this platform): "
+                          "torchft 0.2.0 has wheels for CPython 3.10-3.13 on Linux x86_64 only"))
+        # A group of two processes (as srun --ntasks=2 would start it): refused before torchft.
+        runs.append((clean_environ(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
+                                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())),
+                     "this lesson's replica groups are one process each, this one has 2: start "
+                     "group.sh with --ntasks=1"))  # fmt: skip
         command = [sys.executable, str(TRAIN), "--group", "0", "--train-subset", "512"]
         started = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)
                    for env, _ in runs]  # fmt: skip
         procs += started
-        # A hang guard: torchft's own connect timeout would take 60 s.
+        # A hang guard (each ends in seconds, the one that waits for a quorum in 4).
         outputs = [proc.communicate(timeout=GUARD_S) for proc in started]
     finally:
         stop(procs)
@@ -136,10 +169,46 @@ def test_bad_lighthouse_or_too_few_groups_is_one_line(tmp_path):
     for proc, (_, err) in zip(started[:3], outputs, strict=False):
         assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, err
         assert err.startswith("error: TORCHFT_LIGHTHOUSE") and "lighthouse.sh" in err, err
+    for proc, (out, err) in zip(started[4:], outputs[4:], strict=True):
+        assert proc.returncode == 2 and len(err.strip().splitlines()) == 1, out + err
     out, err = outputs[3]
     assert started[3].returncode == 1, out + err
     assert "when its --min_replicas groups have asked; each step waits up to 4 s" in out, out
     assert "MIN_REPLICAS" in err.strip().splitlines()[-1], err
+
+
+# A node whose [::] takes no IPv4 connection (net.ipv6.bindv6only=1), in a network namespace of
+# its own: a lighthouse on 127.0.0.1 there, and a group whose Manager binds its server to [::] and
+# then reaches it through its host name, an IPv4 address.
+V6ONLY = """
+ip link set lo up
+sysctl -qw net.ipv6.bindv6only=1
+"$1" --min_replicas 1 --join_timeout_ms 1000 --bind 127.0.0.1:29510 &
+for _ in $(seq 50); do (: </dev/tcp/127.0.0.1/29510) 2>/dev/null && break; sleep 0.2; done
+TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510 MASTER_ADDR=127.0.0.1 MASTER_PORT=29511 "$2" "$3" \
+    --group 0 --steps 20 --train-subset 512
+status=$?
+kill %1
+exit $status
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="a network namespace of its own: unshare --net, as root")
+def test_a_node_whose_ipv6_wildcard_takes_no_ipv4_is_one_line():
+    """torchft's Manager binds its server to [::] (and its checkpoint server too): with
+    net.ipv6.bindv6only=1 that takes no IPv4 connection, and the group cannot reach its own
+    server through its host name. torchft says so after its connect timeout (train_ft.py's 10
+    s), with a traceback; train_ft.py in one line naming the setting."""
+    binary = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
+    proc = subprocess.run(["unshare", "--net", "bash", "-c", V6ONLY, "v6only", binary,
+                           sys.executable, str(TRAIN)], cwd=ROOT, env=clean_environ(),
+                          capture_output=True, text=True, timeout=GUARD_S)  # fmt: skip
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert lines[-1].startswith("error: torchft's Manager did not start: failed to connect to "
+                                "http://"), proc.stderr  # fmt: skip
+    assert "this node has net.ipv6.bindv6only=1" in lines[-1], proc.stderr
 
 
 def hashes(text: str) -> dict[int, str]:

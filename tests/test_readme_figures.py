@@ -262,6 +262,16 @@ DERIVED: dict[tuple[str, str], tuple[str, tuple, object]] = {
          ("fit-login.out", r"--ac --gpu[\s\S]*?^   16 .*\((\d+) s\)"),
          ("fit-login.out", r"--ac --gpu[\s\S]*?^   64 .*\((\d+) s\)")),
         lambda a, b, c: a + b + c),
+    ("11_torchft", "26.4 s from the DOWN"): (
+        "lesson 05's first progress line after the resume less its DOWN (the same minute)",
+        (("compare-lesson05.txt", r"^11:42:([\d.]+) first progress line after resume"),
+         ("compare-lesson05.txt", r"^11:42:([\d.]+) DOWN node2")),
+        lambda line, down: line - down),
+    ("11_torchft", "25.8 s."): (
+        "lesson 05's resumed line less its DOWN (the same minute)",
+        (("compare-lesson05.txt", r"^11:42:([\d.]+) resumed line seen"),
+         ("compare-lesson05.txt", r"^11:42:([\d.]+) DOWN node2")),
+        lambda resumed, down: resumed - down),
 }
 # fmt: on
 

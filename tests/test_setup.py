@@ -139,8 +139,10 @@ VARIANTS = {
     # This file's SETUP, run as a script's top level: sys.exit says the line.
     "lessons/11_torchft/train_ft.py": (
         "a replica group is one process on the CPU and joins no group itself (torchft's Manager"
-        " builds one across the groups); the lighthouse and the data are checked in the same try",
-        ["try:", "env = resolve_launch_env()", CHECK, "if env.world_size != 1:", ANY, *THREADS,
+        " builds one across the groups); torchft's import, the lighthouse and the data are checked"
+        " in the same try",
+        ["try:", "import_torchft()", "env = resolve_launch_env()", CHECK,
+         "if env.world_size != 1:", ANY, *THREADS,
          "lighthouse = lighthouse_address()", 'device = torch.device("cpu")',
          "data = load_data(device, args.train_subset)[:2]",
          "except (LaunchError, MnistDataError) as exc:", *LAUNCH_ERROR[1:]]),

@@ -2,7 +2,7 @@
 # Lesson 11: torchft's recovery against lesson 05's restart, on the same model and the same
 # failure (a node set DOWN, as an admin, or slurmctld for a node that stops answering, does it),
 # and the loss of a torchft run that lost a group against one that did not. Run for the README,
-# not in CI: about 5 minutes on the local cluster, as root (scontrol), from the course root:
+# not in CI: about 6 minutes of the local cluster, as root (scontrol), from the course root:
 #
 #   bash lessons/11_torchft/compare.sh          # writes lessons/11_torchft/compare/
 #
@@ -109,11 +109,13 @@ run_ft() {  # run_ft RUN yes|no
     mkdir -p "$work/$run"
     export FT_DIR=$work/$run
     submit "$run-lighthouse" lessons/11_torchft/lighthouse.sh; lh=$SUBMITTED
-    wait_for "lighthouse address" test -s "$FT_DIR/lighthouse"
-    SUBSET=$SUBSET STEPS=$STEPS submit "$run-g0" lessons/11_torchft/group.sh 0 --log-every 1
+    # As the README starts them: Slurm holds each group until the lighthouse's job has started.
+    SUBSET=$SUBSET STEPS=$STEPS submit "$run-g0" --dependency=after:"$lh" \
+        lessons/11_torchft/group.sh 0 --log-every 1
     g0=$SUBMITTED
-    wait_for "group 0 running" job_state_is "$g0" RUNNING
-    SUBSET=$SUBSET STEPS=$STEPS submit "$run-g1" lessons/11_torchft/group.sh 1 --log-every 1
+    wait_for "group 0 running" job_state_is "$g0" RUNNING  # on the lighthouse's node
+    SUBSET=$SUBSET STEPS=$STEPS submit "$run-g1" --dependency=after:"$lh" \
+        lessons/11_torchft/group.sh 1 --log-every 1
     g1=$SUBMITTED
     if [[ $failure == yes ]]; then
         wait_for "group 0's step $FAIL_AT" has_line "$OUT/$run-g0-$g0.out" "\] step $FAIL_AT/"

@@ -3,11 +3,12 @@
 #
 # A group must be able to fail and be replaced alone: in one job, Slurm would end every step
 # of the job when one node fails. So each group is a job, on its node, and the lighthouse
-# (lighthouse.sh) tells the groups about one another. Start the lighthouse, then the groups:
+# (lighthouse.sh) tells the groups about one another. Start the lighthouse, then the groups,
+# which Slurm keeps pending until the lighthouse's job has started (--dependency=after):
 #
-#   sbatch lessons/11_torchft/lighthouse.sh
-#   sbatch lessons/11_torchft/group.sh 0           # group 0 of 2
-#   sbatch lessons/11_torchft/group.sh 1           # group 1 of 2, on another node
+#   lh=$(sbatch --parsable lessons/11_torchft/lighthouse.sh) && echo "lighthouse: job $lh"
+#   sbatch --dependency=after:$lh lessons/11_torchft/group.sh 0    # group 0 of 2
+#   sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1    # group 1 of 2, another node
 #   scancel --signal=KILL <group 1's job>          # a group dies; group 0 trains on alone
 #   sbatch lessons/11_torchft/group.sh 1           # its replacement heals from group 0
 #   SUBSET=4096 STEPS=500 sbatch lessons/11_torchft/group.sh 0   # quicker: fewer images, steps
@@ -15,8 +16,11 @@
 # Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...).
 # FT_GROUPS (default 2): how many groups share the data. STEPS (default 2000): the quorum's
 # last step. SUBSET=N: only the first N training images.
-# FT_DIR: where the lighthouse wrote its address (default <course>/runs/torchft), or
-# TORCHFT_LIGHTHOUSE=http://<host>:<port> to name it directly.
+# FT_DIR: where the lighthouse writes "<its address> <its job id>" (default
+# <course>/runs/torchft); the group takes the address once squeue shows that job running,
+# waiting up to FT_WAIT_S seconds (default 30: a lighthouse still starting, a shared
+# filesystem slow to show the file). Or TORCHFT_LIGHTHOUSE=http://<host>:<port> names it
+# directly.
 #
 #SBATCH --job-name=ft-group
 #SBATCH --nodes=1
@@ -25,6 +29,7 @@
 #SBATCH --cpus-per-task=2
 #SBATCH --mem=4G
 #SBATCH --time=00:30:00
+#SBATCH --requeue                  # a node failure puts the group back in the queue, also where the site's default is JobRequeue=0
 #SBATCH --open-mode=append         # a run Slurm requeued (its node failed) adds to the same file
 set -euo pipefail
 
@@ -44,18 +49,39 @@ STEPS=${STEPS:-2000}
 course_subset || exit 2
 [[ -n ${SUBSET:-} ]] && set -- --train-subset "$SUBSET" "$@"
 
-# The lighthouse's address: given, or the file its job wrote (it may have just started).
+# The lighthouse's address: given, or the one in the file its job writes, once squeue shows that
+# job running (an address whose job has ended would only fail later, in train_ft.py's check).
 FT_DIR=${FT_DIR:-$COURSE_ROOT/runs/torchft}
+FT_WAIT_S=${FT_WAIT_S:-30}
+[[ $FT_WAIT_S =~ ^[0-9]+$ ]] || { echo "error: FT_WAIT_S='$FT_WAIT_S' is not a whole number of seconds: e.g. FT_WAIT_S=30" >&2; exit 2; }
+lighthouse_job="given"
 if [[ -z ${TORCHFT_LIGHTHOUSE:-} ]]; then
-    for _ in $(seq 150); do [[ -s $FT_DIR/lighthouse ]] && break; sleep 0.2; done
-    [[ -s $FT_DIR/lighthouse ]] || { echo "error: no lighthouse address in $FT_DIR/lighthouse after 30 s: start it first (sbatch lessons/11_torchft/lighthouse.sh), with the same FT_DIR, or export TORCHFT_LIGHTHOUSE=http://<host>:<port>" >&2; exit 2; }
-    TORCHFT_LIGHTHOUSE=$(<"$FT_DIR/lighthouse")
+    file=$FT_DIR/lighthouse line="" address="" lighthouse_job="" state=""
+    for ((i = 0; i <= FT_WAIT_S * 5; i++)); do
+        ((i == 0)) || sleep 0.2
+        line=$(cat "$file" 2>/dev/null) || continue
+        read -r address lighthouse_job <<<"$line" || true
+        [[ -n $lighthouse_job ]] || continue
+        state=$(squeue -h -j "$lighthouse_job" -o %T 2>&1 | head -n 1) || true
+        [[ $state == RUNNING ]] && break
+    done
+    if [[ -z $address ]]; then
+        echo "error: no lighthouse address in $file after $FT_WAIT_S s: start it first (sbatch lessons/11_torchft/lighthouse.sh), with the same FT_DIR, or export TORCHFT_LIGHTHOUSE=http://<host>:<port>" >&2
+        exit 2
+    elif [[ -z $lighthouse_job ]]; then
+        echo "error: $file holds '$address' and no job id (lighthouse.sh writes '<address> <job id>'): start the lighthouse with lighthouse.sh and the same FT_DIR, or export TORCHFT_LIGHTHOUSE=http://<host>:<port>" >&2
+        exit 2
+    elif [[ $state != RUNNING ]]; then
+        echo "error: $file names $address of lighthouse job $lighthouse_job, which is not running (squeue: ${state:-no answer}) after $FT_WAIT_S s: start a lighthouse (sbatch lessons/11_torchft/lighthouse.sh) with the same FT_DIR, or export TORCHFT_LIGHTHOUSE=http://<host>:<port>" >&2
+        exit 2
+    fi
+    TORCHFT_LIGHTHOUSE=$address
 fi
 # torchft's own (Rust) log lines: warnings and errors only (RUST_LOG; its default is every
 # quorum of every step).
 export TORCHFT_LIGHTHOUSE FT_GROUP RUST_LOG=${RUST_LOG:-warn}
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME:" \
-     "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE"
+     "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE (job $lighthouse_job)"
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/train_ft.py" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@"
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"

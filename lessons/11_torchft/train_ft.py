@@ -3,9 +3,11 @@
 Every replica group is a job of its own (group.sh) and runs this file as one process. The
 groups meet through the lighthouse (lighthouse.sh), which forms a quorum of the groups alive
 at each step; the Manager averages the gradients over that quorum, and torchft's Optimizer
-steps only if the whole quorum got through the step. A group that dies is
-dropped from the next quorum, the others go on; a group that (re)joins copies the weights and
-the optimizer state from a live peer ("heals") and steps with them.
+steps only if this group got through the step (should_commit agrees across the ranks of one
+group, not across groups: a group whose all-reduce failed discards the step on its own). A
+group that dies is dropped from the next quorum, the others go on; a group that (re)joins, or
+fell behind, copies the weights and the optimizer state from a live peer ("heals") and steps
+with them.
 
 Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
     torchft_lighthouse --min_replicas 1 --join_timeout_ms 2000 --bind 127.0.0.1:29510 &
@@ -20,6 +22,7 @@ import argparse
 import hashlib
 import logging
 import os
+import platform
 import socket
 import sys
 import time
@@ -65,9 +68,23 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def import_torchft():
+    """torchft, or one line naming this platform: torchft 0.2.0 has wheels for CPython 3.10-3.13
+    on Linux x86_64 only, and requirements.txt installs it nowhere else."""
+    try:
+        import torchft
+    except ImportError as exc:
+        here = f"CPython {platform.python_version()} on {platform.system()} {platform.machine()}"
+        raise LaunchError(f"torchft does not import here ({here}: {exc}): torchft 0.2.0 has "
+                          f"wheels for CPython 3.10-3.13 on Linux x86_64 only; run the groups "
+                          f"on such nodes (pip install -r requirements.txt there)") from None
+    return torchft
+
+
 def lighthouse_address(timeout_s: float = 5.0) -> str:
     """TORCHFT_LIGHTHOUSE, checked now: torchft itself would retry a lighthouse that does not
-    answer for its connect timeout (60 s) and then raise from its Rust client."""
+    answer for its connect timeout (10 s as main() sets it; 60 s is the Manager's default) and
+    then raise from its Rust client, with a traceback."""
     url = os.environ.get(LIGHTHOUSE_VAR, "")
     if not url:
         raise LaunchError(f"{LIGHTHOUSE_VAR} is not set: start the lighthouse first (sbatch "
@@ -89,6 +106,20 @@ def lighthouse_address(timeout_s: float = 5.0) -> str:
                           f"the lighthouse job running (squeue), and is that its address? "
                           f"Start it: sbatch lessons/11_torchft/lighthouse.sh") from None
     return url
+
+
+def ipv6_hint() -> str:
+    """Why torchft's servers may refuse IPv4 here: they bind [::], which takes IPv4 connections
+    only while net.ipv6.bindv6only is 0 (Linux's default)."""
+    try:
+        with open("/proc/sys/net/ipv6/bindv6only") as f:
+            if f.read().strip() == "1":
+                return (" (this node has net.ipv6.bindv6only=1: torchft's servers bind [::], "
+                        "which then takes no IPv4 connection; run the groups where it is 0)")
+    except OSError:
+        return (" (this node has no IPv6, /proc/sys/net/ipv6 is missing: torchft's servers "
+                "bind [::])")
+    return ""
 
 
 def state_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
@@ -150,7 +181,7 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> Non
         if manager.allreduce(grads).wait():
             for p, g in zip(params, grads.split(sizes), strict=True):
                 p.grad.copy_(g.view_as(p))
-        ft_optimizer.step()  # steps only if every participant got through: else discarded
+        ft_optimizer.step()  # should_commit: steps only if this group got through, else discards
         if manager.current_step() == step:
             say(f"step {step} discarded ({manager.num_participants()} participants, one failed "
                 f"during it); the next quorum decides who goes on")  # fmt: skip
@@ -166,7 +197,10 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> Non
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # torchft's own (Rust) log, read when torchft is imported: warnings only, else every quorum.
+    os.environ.setdefault("RUST_LOG", "warn")
     try:
+        import_torchft()  # one line on a platform without torchft's wheels
         # Who am I? A group is one process here: rank 0 of a world of 1, its own host and a
         # port derived from its own job id (common/env.py), for the group's own TCPStore.
         env = resolve_launch_env()
@@ -182,14 +216,14 @@ def main(argv=None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 2
 
-    os.environ.setdefault("RUST_LOG", "warn")  # torchft's own log: else every step's quorum
     from torchft import Manager, Optimizer, ProcessGroupGloo
 
     logging.basicConfig(level=logging.WARNING)
     timeout = dist_timeout()
     # The group's own store, as torchrun's agent would host it: torchft's Manager connects to
-    # it (is_master=False) and, on each new quorum, rebuilds the process group across the
-    # groups under a prefix of the store at rank 0 of the quorum.
+    # it (is_master=False). On each new quorum every group rebuilds the process group across
+    # the groups under a prefix of one group's store: the first (by replica id) of the groups at
+    # the highest step (compute_quorum_results in torchft's src/manager.rs).
     store = dist.TCPStore(env.master_addr, env.master_port, is_master=True,
                           wait_for_workers=False, timeout=timeout)  # fmt: skip
 
@@ -206,23 +240,31 @@ def main(argv=None) -> int:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
 
-    manager = Manager(
-        pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),  # a dead peer: an error in 10 s
-        load_state_dict=load_state_dict,
-        state_dict=state_dict,
-        min_replica_size=1,  # step on with one group left
-        use_async_quorum=False,  # heal before the forward pass: a batch is picked by the step
-        timeout=timeout,
-        quorum_timeout=timeout,
-        connect_timeout=timedelta(seconds=10),
-        rank=env.rank,
-        world_size=env.world_size,
-        store_addr=env.master_addr,
-        store_port=env.master_port,
-        lighthouse_addr=lighthouse,
-        replica_id=f"group{args.group}",
-        hostname=socket.gethostname(),  # the address peers fetch a checkpoint from
-    )
+    # The Manager starts its own server on [::] (TORCHFT_MANAGER_PORT, else a port the kernel
+    # picks) and announces it to the lighthouse under `hostname`; its checkpoint server, which
+    # a healing peer fetches the state from, is a second one on [::] and a port of its own.
+    try:
+        manager = Manager(
+            pg=ProcessGroupGloo(timeout=timedelta(seconds=10)),  # a dead peer: an error in 10 s
+            load_state_dict=load_state_dict,
+            state_dict=state_dict,
+            min_replica_size=1,  # step on with one group left
+            use_async_quorum=False,  # heal before the forward pass: a batch is picked by the step
+            timeout=timeout,
+            quorum_timeout=timeout,
+            connect_timeout=timedelta(seconds=10),  # the Manager's default: 60 s
+            rank=env.rank,
+            world_size=env.world_size,
+            store_addr=env.master_addr,
+            store_port=env.master_port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"group{args.group}",
+            hostname=socket.gethostname(),  # where the other groups reach this group's server
+        )
+    except RuntimeError as exc:  # from torchft's Rust client: its server, or the lighthouse
+        print(f"error: torchft's Manager did not start: {(str(exc) or repr(exc)).splitlines()[0]}"
+              f"{ipv6_hint()}", file=sys.stderr, flush=True)  # fmt: skip
+        return 2
     ft_optimizer = Optimizer(manager, optimizer)
     say(f"on {socket.gethostname()}, lighthouse {lighthouse}, store {env.master_addr}:"
         f"{env.master_port}, shard {args.group} of {args.groups}, batch {args.batch_size}")
