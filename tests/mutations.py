@@ -26,8 +26,8 @@ pass there); --table writes the table to a file (tests/mutations-result.txt hold
 full run's).
 
 Mutations marked slow need the local cluster (their tests submit jobs, under the cluster lock,
-as in `make test`), up in its default shape: a copy never starts or restarts it (its `cluster`
-fixture is replaced, below, by one that only checks). Not a test file: pytest collects
+as in `make test`), up: a copy never starts or restarts it (its `cluster` fixture is replaced,
+below, by one that only asks for the nodes). Not a test file: pytest collects
 test_*.py only (pyproject.toml's testpaths, pytest's default python_files).
 """
 
@@ -200,27 +200,27 @@ def copy_course(dest: Path, commit: str | None) -> None:
         if (ROOT / name).exists():
             (dest / name).symlink_to(ROOT / name)
     with open(dest / "tests" / "conftest.py", "a") as conftest:
-        conftest.write(CLUSTER_AS_IT_IS.format(up=str(ROOT / "cluster" / "up.sh")))
+        conftest.write(CLUSTER_AS_IT_IS)
 
 
 # Appended to the copy's tests/conftest.py, in place of its `cluster` fixture. That fixture
 # starts the cluster when `cluster/up.sh --check` says it is not up in its default shape, and
 # the check compares the configuration the course would write with the one running, paths
 # included (MailProg under the course's cluster/): from a copy it always differs, and the copy
-# would restart the cluster that everyone on this machine shares. Here the course's own script
-# checks, and a cluster that is not up fails the tests instead.
+# would restart the cluster that everyone on this machine shares. Here the cluster is only
+# asked for its nodes; one that does not answer fails the tests (with --baseline, an ERROR).
 CLUSTER_AS_IT_IS = """
 
 @pytest.fixture(scope="session")
 def cluster():  # (tests/mutations.py: a copy of the course uses the cluster as it is)
-    check = subprocess.run(["bash", {up!r}, "--check"], capture_output=True, text=True,
-                           timeout=120, env=job_environ())
-    if check.returncode != 0:
-        pytest.fail("the local cluster is not up in its default shape (" + {up!r} + " --check: "
-                    + (check.stdout + check.stderr).strip() + "): a mutation's copy of the "
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True,
+                           timeout=60, env=job_environ())
+    if nodes.returncode != 0 or not {"node1", "node2"} <= set(nodes.stdout.split()):
+        pytest.fail("no local cluster with node1 and node2 (sinfo: "
+                    + (nodes.stdout + nodes.stderr).strip() + "): a mutation's copy of the "
                     "course never starts it; start it from the course (make cluster-up)",
                     pytrace=False)
-    return {{"nodes": ["node1", "node2"], "gpus_per_node": 2}}
+    return {"nodes": ["node1", "node2"], "gpus_per_node": 2}
 """
 
 
