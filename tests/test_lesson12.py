@@ -248,5 +248,5 @@ def test_a_slowed_node_is_named_and_the_job_finishes_without_it(three_nodes, tmp
     assert state(text2, bn=True) == state(undisturbed.stdout, bn=True), (
         text2[-2000:], undisturbed.stdout[-2000:])  # fmt: skip
     # Nothing flagged on the nodes left: no false alarm after the move.
-    assert re.search(r"^clean: highest compute ratio [\d.]+ \(flag at 2\.0\), 0 step\(s\) skipped",
+    assert re.search(r"^clean: highest compute ratio [\d.]+ \(flag at 3\.0\), 0 step\(s\) skipped",
                      text2, re.M), text2[-3000:]  # fmt: skip

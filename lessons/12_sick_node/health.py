@@ -70,9 +70,10 @@ class StepTimer:
         """After ``backward()``: DDP has waited for every bucket's all-reduce."""
         self._marks.append((self._start, self._forward, self._ready, self._now()))
 
-    def window(self) -> tuple[float, float]:
+    def window(self) -> tuple[float, float, int]:
         """Median compute and wait seconds of the steps since the last call (the median: one
-        step that the machine's other work held up does not make a window slow)."""
+        step that the machine's other work held up does not make a window slow), and how many
+        steps that was."""
         if self.cuda:
             torch.cuda.synchronize()
             span = lambda a, b: a.elapsed_time(b) / 1e3  # noqa: E731  (milliseconds)
@@ -81,8 +82,9 @@ class StepTimer:
         pairs = [(span(f, r), span(s, f) + span(r, e)) for s, f, r, e in self._marks]
         self._marks = []
         if not pairs:
-            return 0.0, 0.0
-        return statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs)
+            return 0.0, 0.0, 0
+        return (statistics.median(p[0] for p in pairs), statistics.median(p[1] for p in pairs),
+                len(pairs))
 
 
 def gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
@@ -106,7 +108,7 @@ class StragglerWatch:
     with, and nowhere to move to: it is never flagged."""
 
     nodes: list[str]  # the node of each rank
-    factor: float = 2.0
+    factor: float = 3.0
     windows: int = 3
     streak: int = 0
     suspect: str | None = None

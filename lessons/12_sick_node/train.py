@@ -76,7 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-every", type=int, default=100, help="a checkpoint every N steps")
     p.add_argument("--report", type=Path, help="where the sick node's name is written")
     p.add_argument("--check-every", type=int, default=20, help="steps per timing window")
-    p.add_argument("--slow-factor", type=float, default=2.0, help="x the other nodes' time")
+    p.add_argument("--slow-factor", type=float, default=3.0, help="x the other nodes' time")
     p.add_argument("--slow-windows", type=int, default=3, help="windows in a row to be sure")
     p.add_argument("--max-skips", type=int, default=3, help="non-finite steps before stopping")
     p.add_argument("--skip-window", type=int, default=100, help="...within this many steps")
@@ -243,8 +243,8 @@ def train(args: argparse.Namespace, env, device: torch.device) -> int:
             print0(f"step {step + 1}/{args.steps} | loss {loss.item():.4f}")
 
         if (step + 1) % args.check_every == 0:
-            compute, wait = timer.window()
-            times = gather_floats([compute, wait], device)
+            compute, wait, counted = timer.window()
+            times = gather_floats([compute, wait, counted], device)
             print0(f"times step {step + 1} | compute ms "
                    + " ".join(f"{t[0] * 1e3:.1f}" for t in times) + " | wait ms "
                    + " ".join(f"{t[1] * 1e3:.1f}" for t in times))  # fmt: skip
@@ -262,7 +262,10 @@ def train(args: argparse.Namespace, env, device: torch.device) -> int:
                             f"at step {step + 1} ({held}; the others "
                             f"{prints[healthy] & (2**64 - 1):016x})", step + 1,
                             saver=healthy)  # fmt: skip
-            slow = watch.update(times)
+            # Only whole windows are judged: the first after a resume is short, and its first
+            # step slow on every rank (allocations, DDP's first buckets).
+            full = all(t[2] == args.check_every for t in times)
+            slow = watch.update([t[:2] for t in times]) if full else None
             if slow is not None:
                 ranks = [r for r in range(env.world_size) if nodes[r] == slow]
                 seen = " ".join(f"{watch.ratios(w)[slow]:.1f}x"
