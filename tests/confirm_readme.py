@@ -18,7 +18,8 @@ course), and of the variables besides the command's own only the harness's (HARN
 HARNESS_NAMES; those that name the course, COURSE_ROOT, COURSE_VENV, COURSE_SITE_FILE and
 PYTHONPATH, only when they name it), those the job script's header offers for a shorter run, to
 at most their default (SHORTER) and those that only say where its files are (WHERE). In a
-NOT_RUN command, ``<jobid>``, ``$name`` and SHOWN_JOB_IDS stand for what the run gives. A README
+command that is not a quick one, ``<jobid>``, ``$name`` and SHOWN_JOB_IDS stand for what the run
+gives (an earlier line's job id); ``NAME=$(CMD)`` is CMD. A README
 job run through a make target is confirmed by the test's ``make TARGET`` (exit 0: the recipe
 exits with the job's status) and the target's recipe.
 
@@ -377,7 +378,9 @@ def confirm(command: Command, runs: list[Ran]) -> Verdict:
     mine = [r for r in runs if any(_is_run_of(r, t) for t in tests)]
     if not mine:
         return Verdict(command, test, False, f"{test} is not in the records")
-    placeholders = classify(command)[0] == "not run"
+    # A quick command runs as its text (the shell fills in its $names); in another, <jobid> and
+    # $name stand for what an earlier line gave (``lh=$(sbatch --parsable ...)``, then ``$lh``).
+    placeholders = classify(command)[0] != "quick"
     target = next((MAKE_TARGETS[t] for t in tests if t in MAKE_TARGETS), None)
     job = job_of(command.text)
     closest, failed = "", []
@@ -493,22 +496,28 @@ def main(argv: list[str]) -> int:
     runs = load(folders)
     commands = run_as_written()
     verdicts = [confirm(c, runs) for c in commands]
-    quick = [v for v in verdicts if classify(v.command)[0] == "quick"]
-    ok = [v for v in verdicts if v.confirmed]
+    kinds = {"quick": "quick, by make test-readme", "other": "by other tests, as written",
+             "not run": "not run here, run by other tests with what they need"}
+
+    def kind(v: Verdict) -> str:
+        return classify(v.command)[0] if classify(v.command)[0] in kinds else "other"
+
     files = sum(len(list(f.glob("*.jsonl"))) for f in folders)
-    print(f"README commands: {len(all_commands())}; {len(commands)} run as written by the suite "
-          f"({len(quick)} quick, by make test-readme; {len(commands) - len(quick)} by other tests)")
+    counts = ", ".join(f"{sum(kind(v) == k for v in verdicts)} {what}" for k, what in kinds.items())
+    print(f"README commands: {len(all_commands())}; {len(commands)} that the suite runs "
+          f"({counts})")
     print(f"records: {files} files, {sum(len(r.processes) for r in runs)} processes of "
           f"{len(runs)} test runs ({', '.join(map(str, folders))})")
+    ok = [v for v in verdicts if v.confirmed]
     for v in ok:
         print(f"  confirmed  {v.command.where}: {v.command.text.splitlines()[0]}  <- {v.why}")
     not_ok = [v for v in verdicts if not v.confirmed]
     for v in not_ok:
         print(f"  NOT confirmed  {v.command.where}: {v.command.text.splitlines()[0]}  -- {v.why}")
-    print(f"confirmed by a run: {len(ok)} of {len(commands)} ({sum(v.confirmed for v in quick)} "
-          f"of {len(quick)} quick, {len(ok) - sum(v.confirmed for v in quick)} of "
-          f"{len(commands) - len(quick)} by other tests); not confirmed, counted as not run: "
-          f"{len(not_ok)}")
+    shares = ", ".join(f"{sum(v.confirmed for v in verdicts if kind(v) == k)} of "
+                       f"{sum(kind(v) == k for v in verdicts)} {k}" for k in kinds)  # fmt: skip
+    print(f"confirmed by a run: {len(ok)} of {len(commands)} ({shares}); not confirmed, counted "
+          f"as not run: {len(not_ok)}")
     return 1 if not_ok else 0
 
 

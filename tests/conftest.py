@@ -363,24 +363,26 @@ def cluster_lock_fixture():
 def sbatch_wait(cluster, tmp_path):
     """A function that submits a job script, waits for it to end and returns a JobResult.
 
-    ``sbatch_wait(script, *sbatch_args, env=None, timeout=600, script_args=())`` runs from the
-    repository root (``script_args`` go to the script);
+    ``sbatch_wait(script, *sbatch_args, env=None, timeout=600, script_args=(), cwd=ROOT)`` runs
+    from the repository root, or from CWD (a copy of the course: ``script_args`` go to the
+    script);
     the job's output goes to a temporary ``slurm-<jobid>.out`` unless ``--output`` is given on
     the command line or in the script. ``returncode`` is what ``sbatch --wait`` would return
     (the job's exit status), found by polling the job's state every 0.3 s instead of sbatch's
     2, 10, 42 s. On timeout the job is cancelled and the test fails.
     """
 
-    def submit(script, *sbatch_args, env=None, timeout=600, script_args=()) -> JobResult:
+    def submit(script, *sbatch_args, env=None, timeout=600, script_args=(),
+               cwd=ROOT) -> JobResult:  # fmt: skip
         args = tuple(str(a) for a in sbatch_args)
-        script_path = Path(script) if Path(script).is_absolute() else ROOT / script
+        script_path = Path(script) if Path(script).is_absolute() else Path(cwd) / script
         extra = []
         if _given_output(args) is None and not _script_sets_output(script_path):
             extra = [f"--output={tmp_path}/slurm-%j.out"]
         cmd = ["sbatch", "--parsable", *extra, *args, str(script), *map(str, script_args)]
         with cluster_lock():
             proc = subprocess.run(
-                cmd, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                cmd, cwd=cwd, capture_output=True, text=True, timeout=60,
                 env=job_environ(env),
             )  # fmt: skip
             first = proc.stdout.strip().splitlines()[0] if proc.stdout.strip() else ""
@@ -397,7 +399,7 @@ def sbatch_wait(cluster, tmp_path):
         given = _given_output(args) or (extra[0].split("=", 1)[1] if extra else None)
         if path is None and given:
             path = Path(given.replace("%j", job_id))
-            path = path if path.is_absolute() else ROOT / path
+            path = path if path.is_absolute() else Path(cwd) / path
         output = path.read_text(errors="replace") if path and path.exists() else ""
         return JobResult(job_id, returncode, output, path, proc.stdout, proc.stderr, state)
 

@@ -284,7 +284,7 @@ JOB_ENDS = {
 }
 
 # The job id a README shows as an earlier sbatch's (lesson 00: "Submitted batch job 987", then
-# `scancel 987`): in a NOT_RUN command, any job's id, as <jobid> is.
+# `scancel 987`): in a command other than a quick one, any job's id, as <jobid> is.
 SHOWN_JOB_IDS = ("987",)
 
 

@@ -59,6 +59,10 @@ def test_sacct_lists_a_finished_job_and_its_steps(sbatch_wait, tmp_path):
     step = by_id[f"{result.job_id}.0"]
     assert step["State"] == "COMPLETED" and step["NodeList"] == "node[1-2]", rows
     assert by_id[f"{result.job_id}.batch"]["ExitCode"] == "3:0", rows
+    # The README's `sacct -j <jobid> --format=JobID,State,ExitCode,Elapsed,MaxRSS`, as typed.
+    table = slurm("sacct", "-j", result.job_id, "--format=JobID,State,ExitCode,Elapsed,MaxRSS")
+    assert re.search(rf"^{result.job_id} +FAILED +3:0 +\d\d:\d\d:\d\d", table, re.M), table
+    assert re.search(rf"^{result.job_id}\.0 +COMPLETED +0:0 ", table, re.M), table
 
 
 @pytest.mark.timeout(600)

@@ -2,7 +2,9 @@
 
 Each test submits real jobs (sbatch, srun, salloc, scancel) and checks what they print and
 what SLURM recorded; the sample outputs stored in the lesson folder have the same shape as the
-fresh runs. Jobs run with ``--chdir`` into a temporary folder, so their files land there.
+fresh runs. The README's own commands (busy.sh, the sweep and its report) are submitted as it
+types them, from the course root, their output files in a temporary folder (``--output``); the
+other jobs run with ``--chdir`` into one, so their files land there.
 The jobs are short: the whole file takes about 20 s of cluster time.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import getpass
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -237,13 +240,17 @@ def expected_loss(lr):
 
 def test_array_then_dependent_report(cluster, cluster_lock, tmp_path):
     rates = ["0.01", "0.1", "0.4", "1.05"]
+    # As the README types them, from the course root: the results go to runs/sweep-<id> there.
     with cluster_lock():
-        sweep = sbatch(f"--chdir={tmp_path}", "lessons/00_slurm_basics/sweep.sh")
-        report = sbatch(f"--chdir={tmp_path}", f"--dependency=afterok:{sweep}",
-                        "lessons/00_slurm_basics/report.sh", sweep)  # fmt: skip
-        queued = slurm("squeue", "--noheader", "--jobs", report, "--format=%T %r").stdout
-        swept = wait(sweep)
-        done = wait(report)[report]
+        sweep = sbatch(f"--output={tmp_path}/%x-%A_%a.out", "lessons/00_slurm_basics/sweep.sh")
+        try:
+            report = sbatch(f"--output={tmp_path}/%x-%j.out", f"--dependency=afterok:{sweep}",
+                            "lessons/00_slurm_basics/report.sh", sweep)  # fmt: skip
+            queued = slurm("squeue", "--noheader", "--jobs", report, "--format=%T %r").stdout
+            swept = wait(sweep)
+            done = wait(report)[report]
+        finally:
+            shutil.rmtree(ROOT / "runs" / f"sweep-{sweep}", ignore_errors=True)
     # The report waited for the whole array (unless the array had ended already).
     assert queued.split() in (["PENDING", "Dependency"], []), queued
     assert sorted(f["ArrayTaskId"] for f in swept.values()) == ["0", "1", "2", "3"]
@@ -280,7 +287,7 @@ def test_array_then_dependent_report(cluster, cluster_lock, tmp_path):
 
 def test_busy_job_overlap_step_and_scancel(cluster, cluster_lock, tmp_path):
     with cluster_lock():
-        job = sbatch(f"--chdir={tmp_path}", "lessons/00_slurm_basics/busy.sh")
+        job = sbatch(f"--output={tmp_path}/%x-%j.out", "lessons/00_slurm_basics/busy.sh")
         try:
             deadline = time.monotonic() + 30
             out = tmp_path / f"busy-{job}.out"

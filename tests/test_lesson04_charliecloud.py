@@ -42,8 +42,9 @@ def home_tmp():
 
 
 def course_without_torch(tmp_path):
-    """A copy of the course without .venv, a bin folder with Debian's python3 first on PATH,
-    and the environment."""
+    """A copy of the course without .venv (its common/ and this lesson: the job is submitted
+    from it, as the README types it), a bin folder with Debian's python3 first on PATH, and the
+    environment."""
     assert os.system(f"{SYSTEM_PYTHON} -c 'import torch' 2>/dev/null") != 0, (
         f"{SYSTEM_PYTHON} imports torch: this test needs a python3 without it")
     course = tmp_path / "course"
@@ -54,7 +55,6 @@ def course_without_torch(tmp_path):
     bin_dir.mkdir()
     (bin_dir / "python3").symlink_to(SYSTEM_PYTHON)
     env = {
-        "COURSE_ROOT": str(course),
         "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
         "TORCHRUN_LOG_ROOT": str(tmp_path / "logs"),
     }
@@ -72,7 +72,7 @@ def test_torchrun_in_charliecloud_with_torch_only_in_the_image(sbatch_wait, clus
         pytest.fail(f"no Charliecloud image at {IMAGE}: build it with `make container` "
                     "(part of `make setup`)", pytrace=False)
     course, env = course_without_torch(tmp_path)
-    job = sbatch_wait(f"{LESSON}/run_charliecloud.sh", env=env, timeout=JOB_TIMEOUT)
+    job = sbatch_wait(f"{LESSON}/run_charliecloud.sh", env=env, timeout=JOB_TIMEOUT, cwd=course)
     out = job.output
     assert job.returncode == 0, out + job.stderr
     assert f"using {tmp_path}/bin/python3" in out, out  # job_env.sh: no venv, python3 on PATH
@@ -93,7 +93,8 @@ def test_torchrun_in_charliecloud_with_torch_only_in_the_image(sbatch_wait, clus
 
 @pytest.mark.timeout(JOB_TIMEOUT + 60)
 def test_without_the_image_the_job_says_how_to_build_it(sbatch_wait, tmp_path):
-    _, env = course_without_torch(tmp_path)
+    course, env = course_without_torch(tmp_path)
+    env["COURSE_ROOT"] = str(course)  # (submitted from the course root, the copy's job)
     env["COURSE_CHARLIECLOUD_IMAGE"] = str(tmp_path / "no-image")
     job = sbatch_wait(f"{LESSON}/run_charliecloud.sh", env=env, timeout=JOB_TIMEOUT)
     assert job.returncode == 2, job.output
