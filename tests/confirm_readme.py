@@ -311,14 +311,16 @@ def command_text(text: str) -> str:
 def same_command(text: str, env: dict, words: list[str], cwd: str = str(ROOT),
                  placeholders: bool = False) -> str:
     """"" when (ENV, WORDS), run in CWD, runs the README's TEXT as written, else how it differs.
-    PLACEHOLDERS: TEXT's <jobid>, $name and SHOWN_JOB_IDS stand for any word (NOT_RUN's)."""
+    PLACEHOLDERS: TEXT's <jobid>, $name and SHOWN_JOB_IDS stand for any word (but in a quick
+    one)."""
     text = command_text(text)
-    if words[:1] == ["<line>"]:
-        same = _pattern(text, placeholders).fullmatch(words[1])
-        return "" if same else "another line"
     readme_env, readme_words = readme_typed(text)
     job = job_of(text)
-    if job:
+    if words[:1] == ["<line>"]:  # the line's own variables are in it
+        if not _pattern(text, placeholders).fullmatch(words[1]):
+            return "another line"
+        readme_env, script = {}, None
+    elif job:
         ran = job_of(shlex.join(words))
         if ran is None:
             return "not this job"

@@ -260,6 +260,9 @@ def test_commands_are_compared_as_typed():
         assert typed(["bash", "-c", line], {}, str(ROOT)) == [({}, ["<line>", line])], line
     alone = typed(["bash", "-c", f"{job};"], {}, str(ROOT))
     assert [same_command(job, *t) for t in alone] == ["another line", ""]
+    for env, words in typed(["bash", "-c", ACTIVATE.text], {"PYTHONPATH": "/opt/x"}, str(ROOT)):
+        assert same_command(ACTIVATE.text, env, words) == (
+            "other variables: PYTHONPATH=/opt/x (elsewhere than the course)"), words
     # NOT_RUN's commands: <jobid>, $name and the job id the README shows stand for the run's.
     sacct = "sacct -j <jobid> --format=JobID,State,ExitCode,Elapsed,MaxRSS"
     ((env, words),) = typed(["sacct", "-j", "41", "--format=JobID,State,ExitCode,Elapsed,"
