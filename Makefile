@@ -17,7 +17,7 @@ help:
 	@echo "make container     lesson 04's Charliecloud image (built once, reused after)"
 	@echo "make cluster-up    start the local cluster (cluster/up.sh; NODES=3 GPUS=1 to reshape,"
 	@echo "                   SLURM=24.11 or 26.05 for that Slurm's daemons and clients instead of 22.05,"
-	@echo "                   SITE=export-none, shared-tmp, rank0-elsewhere, pyxis or pyxis-hook to play such a site)"
+	@echo "                   SITE=export-none, shared-tmp, rank0-elsewhere, pyxis, pyxis-hook or no-requeue to play such a site)"
 	@echo "make cluster-down  stop it (cluster/down.sh)"
 	@echo "make test-slurm    the cluster's and lessons' job tests on Slurm 24.11 and 26.05"
 	@echo "                   (SLURM_LANE=26.05 for one), then back on 22.05"
