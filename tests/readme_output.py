@@ -204,6 +204,13 @@ CHECKS = {
     "torchrun --standalone --nproc-per-node 2 lessons/04_torchrun_enroot/train.py":
         lambda c, out: [] if "weights identical on all 2 ranks: True" in out.splitlines() else [
             "no line `weights identical on all 2 ranks: True`"],
+    # "the checks run too": every window's weights compared, nothing flagged, all 200 steps.
+    "torchrun --standalone --nproc-per-node 4 lessons/12_sick_node/train.py --steps 200 "
+    "--train-subset 4096": lambda c, out: [] if (
+        re.search(r"(?m)^clean: highest compute ratio [\d.]+ \(flag at 3\.0\), 0 step\(s\) "
+                  r"skipped, weights equal on all 4 ranks \(compared 10 times", out)
+        and re.search(r"(?m)^done: test_acc [\d.]+% after 200 steps", out)) else [
+            "no `clean:` line with 10 comparisons and no skip, or no `done:` after 200 steps"],
 }
 
 
