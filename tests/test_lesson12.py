@@ -4,10 +4,11 @@ On this machine (4 ranks, gloo on loopback, started as srun starts a step's task
 one rank's batch is skipped on every rank, and the run then equals, bit for bit, a run that
 skipped that step on purpose (and differs from one that did not skip it); NaNs that keep coming
 stop the job with the rank named and a checkpoint saved; a bit flipped in one rank's weights is
-named at the next window, and the healthy rank's checkpoint resumes to the very state of a run
-that never had the fault. On the local cluster: a node slowed from outside (slow_node.sh) is
-named while the job runs, the job moves itself off it and finishes on the other nodes with the
-state of an undisturbed run; with no node left to move to, it says so in one line.
+named at the next window, and the checkpoint holds the majority's copy (the checksum the verdict
+printed), from which the run goes on with every rank equal again. On the local cluster: a node
+slowed from outside (slow_node.sh) is named while the job runs, the job moves itself off it and
+finishes on the other nodes with the state of an undisturbed run; with no node left to move
+to, it says so in one line.
 """
 
 from __future__ import annotations

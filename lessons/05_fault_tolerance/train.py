@@ -9,9 +9,8 @@ The model, the data and the evaluation are lesson 03's. What this file adds:
   and DDP's gradient-bucket order, so a resumed run repeats an uninterrupted one bit for bit
   (on CPU/gloo; on GPUs see make_deterministic);
 * ``--epochs-per-run N`` for chains of jobs (chain.sh): each link trains N epochs and ends;
-* ``@record`` for torchrun (crash.sh): the traceback of a crashing rank goes to the file
-  torchrun names in TORCHELASTIC_ERROR_FILE, and torchrun's report names that rank and host;
-  ``--crash-rank``/``--faulty-node`` cause the crashes that lesson shows.
+* ``@record`` for torchrun (crash.sh): a crashing rank's traceback goes to TORCHELASTIC_ERROR_FILE,
+  and torchrun's report names rank and host; ``--crash-rank``/``--faulty-node`` cause those crashes.
 """
 
 from __future__ import annotations
@@ -153,8 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=100)
     p.add_argument("--train-subset", type=int, default=0)
     p.add_argument("--test-subset", type=int, default=0)
-    p.add_argument("--log-order", type=Path, metavar="DIR",
-                   help="each epoch's image indices of rank N, in DIR/rank<N>.txt")  # fmt: skip
+    p.add_argument("--log-order", type=Path, help="DIR/rank<N>.txt: each epoch's image indices")
     p.add_argument("--crash-rank", type=int, help="this rank crashes, unless resumed")
     p.add_argument("--faulty-node", help="every rank on this host crashes, in every attempt")
     p.add_argument("--crash-at-step", type=int, default=10, help="...at this step of an epoch")
@@ -177,8 +175,7 @@ def maybe_crash(args, rank: int, epoch: int, step: int, resumed: bool) -> None:
 
 
 def print0(*args, **kwargs) -> None:
-    """print() on rank 0 only, in one write: the ranks (and torchrun's log prefixes) share the
-    job's output, and a newline written on its own could land among another process's lines."""
+    """print() on rank 0 only, in one write (lesson 03's train.py says why)."""
     if dist.get_rank() == 0:
         print(" ".join(map(str, args)) + "\n", end="", flush=True, **kwargs)
 
@@ -198,8 +195,7 @@ def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest
     carried = torch.zeros(2, dtype=torch.float64, device=device)  # loss sum, samples so far
     shape = {"world_size": env.world_size, "steps_per_epoch": steps_per_epoch,
              "epochs": args.epochs}  # fmt: skip
-    # Rank 0 decides whether to resume and tells the others (lesson 03: a file one node sees
-    # may not be visible yet on another).
+    # Rank 0 decides whether to resume and tells the others (lesson 03's train.py says why).
     resume = torch.tensor(int(bool(args.checkpoint and args.checkpoint.exists())), device=device)
     dist.broadcast(resume, src=0)
     if resume.item():
@@ -233,9 +229,7 @@ def train(args: argparse.Namespace, env, device: torch.device, stop: StopRequest
 
     print0(f"training {args.epochs} epochs on {len(train_x)} images, world size "
            f"{env.world_size}, {steps_per_epoch} steps per epoch, device {device}")  # fmt: skip
-    last_epoch = args.epochs
-    if args.epochs_per_run:
-        last_epoch = min(args.epochs, start_epoch + args.epochs_per_run)
+    last_epoch = min(args.epochs, start_epoch + (args.epochs_per_run or args.epochs))
     for epoch in range(start_epoch, last_epoch):
         sampler.set_epoch(epoch)
         batches = torch.tensor(list(sampler), device=device).split(per_rank_batch)

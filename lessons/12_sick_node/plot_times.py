@@ -1,10 +1,10 @@
 """Lesson 12: read a job's timing windows back from its output, and draw them.
 
-train.py prints one line per window (``times step 60 | compute ms 25.7 24.2 91.6 103.2 | wait
-ms 107.1 105.2 23.0 22.6``: each rank's median compute and wait time, rank 0 first) and, when it
-names a node, a ``sick node:`` line. The notebook and the README's figure come from here:
+train.py prints one line per window (``times step 60 | compute ms 14.1 14.1 143.8 147.3 | wait
+ms 193.3 198.1 62.5 63.8`` in slurm-123.out: each rank's median compute and wait time, rank 0
+first) and, when it names a node, a ``sick node:`` line. The notebook's figure comes from here:
 
-    python lessons/12_sick_node/plot_times.py lessons/12_sick_node/slurm-57.out --png times.png
+    python lessons/12_sick_node/plot_times.py lessons/12_sick_node/slurm-123.out --png times.png
 """
 
 from __future__ import annotations
