@@ -8,7 +8,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: help setup venv data container cluster-up cluster-down test test-slurm test-lesson09 test-lesson10 test-lesson11 test-lesson12 test-sites test-long test-scale test-readme lint demo bench clean
+.PHONY: help setup venv data container cluster-up cluster-down test test-slurm test-lesson09 test-lesson10 test-lesson11 test-lesson12 test-mutations test-sites test-long test-scale test-readme lint demo bench clean
 
 help:
 	@echo "make demo          lesson 03 (MNIST, 2 nodes x 2 tasks) on the local cluster"
@@ -142,6 +142,12 @@ test-lesson11: venv data
 # one restarts it with a third node for the job to move to, and back to two after).
 test-lesson12: venv data
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest --durations=10 -m lesson12 tests lessons/12_sick_node --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
+
+# One-line mutations of the lessons against the tests that must catch them (tests/mutations.py;
+# by hand, not in CI: about 7 minutes). MUTATIONS="name ..." picks some.
+MUTATIONS ?=
+test-mutations: venv data
+	$(PY) tests/mutations.py --baseline $(MUTATIONS)
 
 # The `sites` lane: cluster tests take the cluster lock themselves, one job at a time.
 # LONG_MARKS="long and not computes" leaves out make demo's full job (.ci/run runs it apart).

@@ -171,6 +171,19 @@ MUTATIONS = (
         "check_launch turns a wrong address, port or rank 0's node into one line before the "
         "store is reached; the set-up comparison wants it in every lesson script's block"),
     Mutation(
+        "l12-bn-not-restored", "lessons/12_sick_node/train.py",
+        "                    b.copy_(before)", "                    pass",
+        ("tests/test_lesson12.py::test_a_nan_is_skipped_on_every_rank_as_a_planned_skip_is",),
+        "a skipped step undoes its forward's update of BatchNorm's statistics: without it the "
+        "NaN on rank 0 reaches every rank's statistics and the run differs from a planned skip"),
+    Mutation(
+        "l12-saver-sick", "lessons/12_sick_node/train.py",
+        "                healthy = min(set(range(env.world_size)) - set(odd))",
+        "                healthy = 0",
+        ("tests/test_lesson12.py::test_a_flipped_bit_is_named_and_the_majority_copy_is_saved",),
+        "the checkpoint after a drift is a healthy rank's: rank 0 saving its flipped copy fails "
+        "the checksum the verdict printed for the majority"),
+    Mutation(
         "mnist-evaluate-all-reduce", "common/mnist.py",
         "    dist.all_reduce(totals)", "    pass",
         ("tests/test_evaluate.py::test_two_ranks_score_the_test_set_as_one_process_does",),
