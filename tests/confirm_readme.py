@@ -363,7 +363,9 @@ def proving_tests(command: Command) -> list[str]:
 
 
 def _is_run_of(run: Ran, test: str) -> bool:
-    return run.test == test or run.test.startswith(f"{test}[")
+    # Under --dist loadgroup pytest-xdist ends each id with "@<its group>" (tests/lanes.py).
+    name = run.test[:run.test.rfind("@")] if run.test.rfind("@") > run.test.rfind("]") else run.test
+    return name == test or name.startswith(f"{test}[")
 
 
 @dataclass
