@@ -65,7 +65,8 @@ if ((left < SLURM_NNODES)); then
     exit 3
 fi
 # The new job writes where this one writes, under its own id. Its variables are named in
-# --export, so that they reach it also where a site's default is --export=NONE.
+# --export, so that they reach it also where a site's default is --export=NONE (sbatch(1);
+# not yet run on the local cluster's export-none profile).
 out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p')
 next=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID" \
        --export="ALL,CHECKPOINT=$CHECKPOINT,STEPS=$STEPS${SUBSET:+,SUBSET=$SUBSET}" \
