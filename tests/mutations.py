@@ -108,6 +108,22 @@ MUTATIONS = (
         ("tests/test_lesson04.py::test_env_sh_takes_job_size_from_the_allocation",),
         "torchrun's process count comes from the allocation (GPUs on the node), not a constant"),
     Mutation(
+        "l04-dataset-seed-per-rank", "lessons/04_torchrun_enroot/train.py",
+        "synthetic_regression(args.samples, args.features, seed=1234)",
+        "synthetic_regression(args.samples, args.features, seed=1234 + env.rank)",
+        ("lessons/04_torchrun_enroot/lesson.ipynb",),
+        "every rank builds the same dataset and the sampler splits it; seeded per rank (as "
+        "nanoGPT seeds each rank's randomness) each rank fits another w and the averaged model "
+        "fits none: the notebook's 2-rank run ends at 7.85, not 0.062, above the bar of 0.5 it "
+        "prints the relation to (its losses are masked)"),
+    Mutation(
+        "l04-dataset-seed-per-rank-job", "lessons/04_torchrun_enroot/train.py",
+        "synthetic_regression(args.samples, args.features, seed=1234)",
+        "synthetic_regression(args.samples, args.features, seed=1234 + env.rank)",
+        ("tests/test_lesson04.py::test_static_job",),
+        "the same mistake on 2 nodes x 2: check_training wants the last train_loss below 0.5 "
+        "(0.064 on 4 ranks after 5 epochs; 10.4 seeded per rank)", slow=True),
+    Mutation(
         "l05-set-epoch", "lessons/05_fault_tolerance/train.py",
         "sampler.set_epoch(epoch)", "pass",
         ("tests/test_lesson05.py::test_each_epoch_a_new_shuffle_shared_out_over_the_ranks",),

@@ -1,14 +1,17 @@
 """Lesson 04 (torchrun on SLURM, in and out of enroot containers).
 
 CPU: train.py under `torchrun --standalone --nproc-per-node 2`, no SLURM, is the notebook's run,
-checked line by line there under `make test` (lesson.ipynb, NBVAL_CHECK_OUTPUT).
+checked line by line there under `make test` (lesson.ipynb, NBVAL_CHECK_OUTPUT; the losses are
+masked, and the cell prints whether the last is below LOSS_BAR).
 Shell: env.sh finds enroot's data path the way enroot does; torchrun.sh refuses to start
 without the values the job script hands it.
 Cluster: the static, elastic (c10d) and --standalone job scripts run on the local SLURM cluster
 (on the host: the cluster has no enroot; the static one as written, 2 nodes x 2 workers, the
 other two with one GPU, so one worker, per node); the container branch is checked in its
-print-only mode (ENROOT_DRY_RUN=1) with an `enroot` on PATH that must never be executed; the
-sample outputs kept in the lesson folder have the shape a fresh run has.
+print-only mode (ENROOT_DRY_RUN=1) with an `enroot` on PATH that must never be executed; every
+training run fits (last train_loss below LOSS_BAR, where ranks that disagree on the dataset stay
+near 8 to 10) and ends with equal weights on every rank; the sample outputs kept in the lesson
+folder have the shape a fresh run has.
 """
 
 import os
@@ -34,6 +37,7 @@ LOSS_LINE = re.compile(r"^(?:\d+: )?(?:\[default\d+\]:)?epoch (\d+) train_loss (
 JOB_LINE = re.compile(r"^job (\d+): form (\S+), (\d+) nodes x (\d+) processes = world size (\d+)")
 DRY_LINE = re.compile(r"^(?:(?P<label>\d+): )?(?P<host>\S+): dry-run: (?P<cmd>.*)$")
 FALLBACK = "enroot is not installed on this node; running torchrun.sh on the host"
+LOSS_BAR = 0.5  # the last epoch's train_loss (check_training says why)
 
 
 def clean_environ(**extra):
@@ -71,7 +75,8 @@ def without_exit_barrier_race(text):
 
 
 def check_training(text, nodes, per_node, hosts=None):
-    """Every rank 0..world-1 exactly once, world = nodes x per_node, and the loss went down."""
+    """Every rank 0..world-1 exactly once, world = nodes x per_node, the loss went down and
+    below LOSS_BAR, and the replicas' weights are identical."""
     world = nodes * per_node
     lines = rank_lines(text)
     assert sorted(int(r["rank"]) for r in lines) == list(range(world)), text
@@ -92,6 +97,14 @@ def check_training(text, nodes, per_node, hosts=None):
     epochs = losses(text)
     assert [e for e, _ in epochs] == list(range(len(epochs))) and len(epochs) >= 2, text
     assert epochs[-1][1] < epochs[0][1], text
+    # The fit, not only a fall: y = x @ w + noise (16 features, noise 0.1) has a floor of 0.01
+    # and an unfitted model's loss is about |w|^2 = 16. Measured (2026-12-02) on 2 ranks x 3
+    # epochs (the notebook's run) 0.062, on 4 ranks x 5 epochs (the jobs') 0.064; with the
+    # dataset seeded per rank (nanoGPT's per-rank seed put where it does not belong: each rank
+    # fits another w and DDP averages their gradients) 7.85 and 10.4, each below its first
+    # epoch's (8.82, 10.7), so the fall alone lets it through. The bar sits about 8x above the
+    # right loss, 15x below the wrong one.
+    assert epochs[-1][1] < LOSS_BAR, text
     assert f"weights identical on all {world} ranks: True" in text, text
     return lines
 
