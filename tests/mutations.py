@@ -156,6 +156,16 @@ MUTATIONS = (
         "reduced by nobody and the ranks drift apart: FSDP2's 5 steps must equal DDP's, bit "
         "for bit"),
     Mutation(
+        "l07-labels-shifted", "lessons/07_fsdp_sharding/train.py",
+        "loss = F.cross_entropy(model(train_x[idx]).float(), train_y[idx])",
+        "loss = F.cross_entropy(model(train_x[idx]).float(), train_y[idx - 1])",
+        ("tests/test_lesson07.py::test_checkpoint_of_2_ranks_continues_on_3_and_on_1",),
+        "each image trained with the label of the image before it (a pairing that does not "
+        "depend on the world size): FSDP2 and DDP take the same wrong steps and 3 ranks "
+        "continue them as 1 does, so only the exported model's score tells: it must pass 30 % "
+        "(56.2 % measured, 13.4 % mutated). (Rolled within a rank's batch, the 3-rank and "
+        "1-rank continuations already differ.)"),
+    Mutation(
         "l08-labels-rolled", "lessons/08_data_pipeline/train.py",
         "labels = labels.to(device, non_blocking=True)",
         "labels = labels.to(device, non_blocking=True).roll(1)",

@@ -3,7 +3,8 @@
 CPU (gloo, one process per rank as srun starts them): FSDP2 and DDP take the same 5 AdamW steps
 (parameters and optimizer state equal to the bit); a checkpoint written by 2 ranks continues
 on 3 ranks and on 1 (from a DDP checkpoint) to the same weights; export.py turns it into one
-file that a plain process loads; a checkpoint of another recipe is one line.
+file that a plain process loads and scores above 30 % (56 % measured; labels paired with the
+wrong images: 13 %); a checkpoint of another recipe is one line.
 Cluster: job.sh on 2 nodes x 2 is stopped by the time-limit warning, saves, requeues itself,
 is shrunk while it waits and resumes on 1 node x 2 while another job holds node2; memory.sh
 runs its three steps (1, 2, 4 tasks); bad input is refused before srun. The stored sample
@@ -33,8 +34,9 @@ from common.mnist_prepare import prepare  # noqa: E402
 from common.notebook import parse_log  # noqa: E402
 
 TIMEOUT = 120
-# A small model and few images: the point is the exchange of shards, not the accuracy. A
-# global batch of 96 splits evenly over 1, 2 and 3 ranks.
+# A small model and few images: the point is the exchange of shards; the accuracy only has to
+# clear a bar that a wrong pairing cannot. A global batch of 96 splits evenly over 1, 2 and 3
+# ranks.
 SMALL = ["--width", "64", "--depth", "2", "--batch-size", "96", "--train-subset", "2048",
          "--test-subset", "500", "--log-every", "100"]  # fmt: skip
 
@@ -123,8 +125,13 @@ def test_checkpoint_of_2_ranks_continues_on_3_and_on_1(five_steps):
                           env=job_environ({"PYTHONPATH": str(ROOT)}))  # fmt: skip
     assert proc.returncode == 0 and not proc.stderr, proc.stdout + proc.stderr
     assert "exported step-00000007 (saved by 3 ranks)" in proc.stdout, proc.stdout
-    assert re.search(r"plain process: torch.load\(model.pt\) into Net\(width=64, depth=2\), "
-                     r"test_acc [\d.]+%", proc.stdout), proc.stdout  # fmt: skip
+    scored = re.search(r"plain process: torch.load\(model.pt\) into Net\(width=64, depth=2\), "
+                       r"test_acc ([\d.]+)%", proc.stdout)  # fmt: skip
+    # The 7 steps learn: 56.2 % of the 500 test images (2026-12-02, the same under the AVX-512
+    # and AVX2 kernels; 36.4 % after the first 5), where chance is 10 % and the same run with
+    # each image trained with the label of the image before it (train_y[idx - 1], which
+    # FSDP2 = DDP and 3 ranks = 1 rank both let through) scores 13.4 % (10.2 % after 5).
+    assert scored and float(scored[1]) > 30, proc.stdout
     exported = torch.load(out, map_location="cpu", weights_only=True)
     assert exported.keys() == a["model"].keys()
     for name, tensor in exported.items():
