@@ -197,6 +197,14 @@ MUTATIONS = (
         "check_launch turns a wrong address, port or rank 0's node into one line before the "
         "store is reached; the set-up comparison wants it in every lesson script's block"),
     Mutation(
+        "l11-labels-rolled", "lessons/11_torchft/train_ft.py",
+        "loss = F.cross_entropy(model(train_x[idx]), train_y[idx])",
+        "loss = F.cross_entropy(model(train_x[idx]), train_y[idx].roll(1))",
+        ("tests/test_lesson11.py::test_a_killed_group_is_replaced_and_heals_bit_for_bit",),
+        "each image of a group's batch trained with another's label: both groups take the same "
+        "wrong steps, so every hash still agrees; only the loss tells: the survivor's mean from "
+        "step 60 on must be below 1.0 (0.22 measured, 2.32 rolled)"),
+    Mutation(
         "l12-bn-not-restored", "lessons/12_sick_node/train.py",
         "                    b.copy_(before)", "                    pass",
         ("tests/test_lesson12.py::test_a_nan_is_skipped_on_every_rank_as_a_planned_skip_is",),
