@@ -191,6 +191,15 @@ MUTATIONS = (
         "load 25 on 2 cores; 0 % mutated, its stand-in work taking one microbatch's fixed "
         "time)"),
     Mutation(
+        "l09-2d-one-slice", "lessons/09_beyond_data_parallel/compare.py",
+        "loss = loss_fn(net(rows(x, dp, row)), rows(y, dp, row))",
+        "loss = loss_fn(net(rows(x, dp, 0)), rows(y, dp, 0))",
+        ("tests/test_lesson09.py::test_compare_job",),
+        "2D: each dp row of the mesh (a node's tp group) takes its own slice of the batch and "
+        "FSDP2 averages the rows' gradients; with every row on the first slice the model trains "
+        "on half the batch, and its loss is not DDP's (compare.sh's table: every form's loss "
+        "within 2e-3 of DDP's at step 1)", slow=True),
+    Mutation(
         "l10-fit-ac-default", "lessons/10_fit_and_keep/fit.sh",
         "both) acs=(off on) ;;", "both) acs=(on) ;;",
         ("tests/test_lesson10.py::test_fit_job",),
@@ -227,6 +236,23 @@ MUTATIONS = (
         ("tests/test_lesson12.py::test_a_flipped_bit_is_named_and_the_majority_copy_is_saved",),
         "the checkpoint after a drift is a healthy rank's: rank 0 saving its flipped copy fails "
         "the checksum the verdict printed for the majority"),
+    Mutation(
+        "l12-ft-fast-group-leaves", "lessons/11_torchft/train_ft.py",
+        "        if slow != self.group or self.streak < self.windows:",
+        "        if slow == self.group or self.streak < self.windows:",
+        ("tests/test_lesson12.py::"
+         "test_a_torchft_group_on_a_slowed_node_leaves_and_is_replaced_elsewhere",),
+        "the group the verdict names leaves: with the test reversed, the healthy group on node1 "
+        "leaves and the slowed one trains on; the test wants group 1 gone from node2",
+        slow=True),
+    Mutation(
+        "l12-ft-replacement-anywhere", "lessons/11_torchft/group.sh",
+        'next=$(sbatch --parsable --exclude="$excluded" \\',
+        "next=$(sbatch --parsable \\",
+        ("tests/test_lesson12.py::"
+         "test_a_torchft_group_on_a_slowed_node_leaves_and_is_replaced_elsewhere",),
+        "the replacement avoids the slow node: without --exclude it may land on node2 again "
+        "(its first free node), and the test wants node2 in its ExcNodeList", slow=True),
     Mutation(
         "mnist-evaluate-all-reduce", "common/mnist.py",
         "    dist.all_reduce(totals)", "    pass",

@@ -72,6 +72,8 @@ KEEP_JOB = "tests/test_lesson10.py::test_keep_job"
 SICK_MOVE = ("tests/test_lesson12.py::"
              "test_a_slowed_node_is_named_and_the_job_finishes_without_it")
 SICK_NOWHERE = "tests/test_lesson12.py::test_with_no_node_to_move_to_the_job_says_so"
+SICK_FT = ("tests/test_lesson12.py::"
+           "test_a_torchft_group_on_a_slowed_node_leaves_and_is_replaced_elsewhere")
 
 # Commands that a test under tests/ runs or submits as written: command -> that test (file::
 # function, or a file for all of its tests). A job may be shortened there by the variables its
@@ -228,7 +230,11 @@ NOT_RUN = {
         "cluster/up.sh --nodes 3, under the cluster's lock)", ""),
     "make cluster-up": (NEEDS_ROOT, "restarts the shared cluster in its default shape", ""),
     "bash lessons/12_sick_node/slow_node.sh <jobid> node2": (
-        NEEDS_JOB, "a running job.sh's", SICK_MOVE),
+        NEEDS_JOB, "a running job.sh's or group.sh's", f"{SICK_MOVE} {SICK_FT}"),
+    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 0 --slow-factor 3": (
+        NEEDS_JOB, "the lighthouse's ($lh)", SICK_FT),
+    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1 --slow-factor 3": (
+        NEEDS_JOB, "the lighthouse's ($lh)", SICK_FT),
 }
 
 
@@ -282,6 +288,8 @@ JOB_ENDS = {
     "sbatch lessons/12_sick_node/job.sh": "FAILED",
     "sbatch lessons/12_sick_node/job.sh --fault nan --fault-node node2": "FAILED",
     "sbatch lessons/12_sick_node/job.sh --fault bitflip --fault-node node2": "FAILED",
+    # Lesson 12 §5: group 1 on the slowed node leaves with 3 (its replacement completes).
+    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1 --slow-factor 3": "FAILED",
 }
 
 # The job id a README shows as an earlier sbatch's (lesson 00: "Submitted batch job 987", then

@@ -13,7 +13,9 @@
 #   sbatch lessons/11_torchft/group.sh 1           # its replacement heals from group 0
 #   SUBSET=4096 STEPS=500 sbatch lessons/11_torchft/group.sh 0   # quicker: fewer images, steps
 #
-# Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...).
+# Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...). With
+# --slow-factor F (lesson 12), a group whose node computes F times slower than the other groups'
+# leaves (status 3), and this script submits its replacement, without that node.
 # FT_GROUPS (default 2): how many groups share the data. STEPS (default 2000): the quorum's
 # last step. SUBSET=N: only the first N training images.
 # FT_DIR: where the lighthouse writes "<its address> <its job id>" (default
@@ -41,6 +43,7 @@ source "$COURSE_ROOT/common/job_env.sh"
 
 FT_GROUP=${1:-${FT_GROUP:-}}
 (( $# )) && shift  # what is left in "$@" goes on to train_ft.py
+train_args=("$@")  # given again, as they were, to a replacement on another node (below)
 GROUPS_N=${FT_GROUPS:-2}
 [[ $GROUPS_N =~ ^[1-9][0-9]*$ ]] || { echo "error: FT_GROUPS='$GROUPS_N' is not a whole number of groups >= 1: e.g. FT_GROUPS=2" >&2; exit 2; }
 [[ $FT_GROUP =~ ^[0-9]+$ && $FT_GROUP -lt $GROUPS_N ]] || { echo "error: the group index '$FT_GROUP' is not one of 0..$((GROUPS_N - 1)): pass it first (sbatch lessons/11_torchft/group.sh 0), and FT_GROUPS=N for N groups" >&2; exit 2; }
@@ -83,5 +86,29 @@ export TORCHFT_LIGHTHOUSE FT_GROUP RUST_LOG=${RUST_LOG:-warn}
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME:" \
      "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE (job $lighthouse_job)"
-srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/train_ft.py" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@"
-echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
+status=0
+srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/train_ft.py" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@" || status=$?
+if ((status == 0)); then echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"; fi
+((status == 3)) || exit "$status"
+
+# Status 3: train_ft.py --slow-factor found this group's node slow (lesson 12), and the group
+# left the quorum. Its replacement is a new job that avoids this node and the nodes this job
+# already avoided (a running job's ExcNodeList cannot be changed: lesson 12's job.sh says why),
+# and heals from the live groups: no checkpoint, no dependency on this job.
+excluded=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* ExcNodeList=\([^ ]*\) .*/\1/p')
+[[ $excluded == "(null)" ]] && excluded=
+excluded=$(scontrol show hostnames "${excluded:+$excluded,}$SLURMD_NODENAME" | sort -u | paste -sd,)
+left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u | grep -cvxF -f <(tr , '\n' <<<"$excluded")) || true
+if ((left < 1)); then
+    echo "error: without $excluded, partition $SLURM_JOB_PARTITION has no node for group $FT_GROUP: not resubmitted. Ask the site to look at $SLURMD_NODENAME; the other groups go on: sbatch --exclude=$excluded lessons/11_torchft/group.sh $FT_GROUP ${train_args[*]}" >&2
+    exit 3
+fi
+out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p')
+base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
+[[ $lighthouse_job == given ]] || unset TORCHFT_LIGHTHOUSE  # the replacement reads the file
+next=$(sbatch --parsable --exclude="$excluded" \
+       --export="ALL,FT_GROUPS=$GROUPS_N,STEPS=$STEPS,FT_DIR=$FT_DIR${SUBSET:+,SUBSET=$SUBSET}" \
+       ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
+       "$COURSE_ROOT/lessons/11_torchft/group.sh" "$FT_GROUP" "${train_args[@]}")
+echo "=== $(date -u '+%T') moved off $SLURMD_NODENAME: group $FT_GROUP goes on as job $next, without $excluded"
+exit 3

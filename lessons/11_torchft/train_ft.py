@@ -24,6 +24,7 @@ import logging
 import os
 import platform
 import socket
+import statistics
 import sys
 import time
 import urllib.parse
@@ -38,6 +39,7 @@ from common.launch import check_launch, cpu_threads, dist_timeout
 from common.mnist import MnistDataError, build_model, build_optimizer, load_data
 
 LIGHTHOUSE_VAR = "TORCHFT_LIGHTHOUSE"
+SICK_NODE_EXIT = 3  # "this group's node is slow: run the group elsewhere" (lesson 12)
 
 
 def say(text: str) -> None:
@@ -58,7 +60,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=25,
                    help="a line every N steps, with the hash of the state that groups share")
     p.add_argument("--train-subset", type=int, default=0, help="use only the first N images")
+    p.add_argument("--slow-factor", type=float, default=0.0,
+                   help="leave when this group computes F times the others' median (lesson 12)")
+    p.add_argument("--check-every", type=int, default=10, help="steps per timing window")
+    p.add_argument("--slow-windows", type=int, default=3, help="windows in a row to be sure")
     args = p.parse_args(argv)
+    if args.slow_factor and not args.slow_factor > 1:
+        p.error(f"--slow-factor must be more than 1 (a ratio to the other groups), or 0 for no "
+                f"check; got {args.slow_factor}")  # fmt: skip
+    if args.check_every < 1 or args.slow_windows < 1:
+        p.error("--check-every and --slow-windows must be at least 1")
     if not 0 <= args.group < args.groups:
         p.error(f"--group {args.group} is not one of the {args.groups} groups (0 .. "
                 f"{args.groups - 1}): give --groups N for N groups")  # fmt: skip
@@ -137,7 +148,56 @@ def state_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return digest.hexdigest()[:16]
 
 
-def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> None:
+class SlowGroupWatch:
+    """Lesson 12's straggler check, across the replica groups: the group whose steps compute
+    ``factor`` times longer than the median of the other groups', ``windows`` windows in a row,
+    leaves (its job ends with SICK_NODE_EXIT; group.sh submits a replacement elsewhere), and the
+    others go on without waiting for it. Compute is from the quorum to the gradients' all-reduce:
+    the wait inside the all-reduce ends every group's step at the same moment, so only this part
+    names the slow one (lessons/12_sick_node/health.py's StepTimer says why).
+
+    Each group's compute time rides with its gradients, in a slot of its own at the end of the
+    all-reduced buffer (zeros in the others' slots), so every group learns every group's time
+    without a collective of its own, which groups started with other flags could mismatch; a
+    group outside the quorum adds 0 and is not judged."""
+
+    def __init__(self, group: int, groups: int, factor: float, windows: int):
+        self.group, self.groups, self.factor, self.windows = group, groups, factor, windows
+        self.rows: list[list[float]] = []  # per step: every group's compute seconds
+        self.streak, self.seen = 0, []
+
+    def slots(self, seconds: float) -> torch.Tensor:
+        mine = torch.zeros(self.groups)
+        mine[self.group] = seconds
+        return mine
+
+    def add(self, averaged: torch.Tensor, participants: int) -> None:
+        self.rows.append((averaged * participants).tolist())  # the all-reduce's average undone
+
+    def judge(self) -> str | None:
+        """At a window's end, in every group: why this group leaves now, or None."""
+        rows, self.rows = self.rows, []
+        medians = {g: statistics.median(ts) for g in range(self.groups)
+                   if (ts := [row[g] for row in rows if row[g] > 0])}  # fmt: skip
+        if len(medians) < 2:  # nobody to compare with
+            self.streak, self.seen = 0, []
+            return None
+        ratio = {g: t / statistics.median(v for h, v in medians.items() if h != g)
+                 for g, t in medians.items()}  # fmt: skip
+        slow = max(ratio, key=ratio.get)
+        if ratio[slow] < self.factor:
+            self.streak, self.seen = 0, []
+            return None
+        self.streak, self.seen = self.streak + 1, [*self.seen, f"{ratio[slow]:.1f}x"]
+        say(f"slow: group {slow} computes {ratio[slow]:.1f}x the other groups' median "
+            f"({medians[slow] * 1e3:.1f} ms a step), window {self.streak} of {self.windows}")
+        if slow != self.group or self.streak < self.windows:
+            return None
+        return (f"this group's node {os.environ.get('SLURMD_NODENAME', socket.gethostname())} "
+                f"computes {' '.join(self.seen)} the other groups' median")
+
+
+def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> int:
     from torchft import DistributedSampler
 
     train_x, train_y = data
@@ -154,6 +214,7 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> Non
 
     params = list(model.parameters())
     sizes = [p.numel() for p in params]
+    watch = SlowGroupWatch(args.group, args.groups, args.slow_factor, args.slow_windows)
     participants, t_mark, step_mark = 0, time.perf_counter(), 0
     while manager.current_step() < args.steps:
         before = manager.current_step()
@@ -171,15 +232,20 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> Non
             sampler.set_epoch(epoch)
             shard = torch.tensor(list(sampler))
         idx = shard[(step % per_epoch) * args.batch_size:][: args.batch_size]
+        t_quorum = time.perf_counter()
         loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
         loss.backward()
         # The gradients averaged over the quorum's groups, in one all-reduce of one flat
         # buffer (torchft's DistributedDataParallel does it per bucket, but in torchft 0.2.0 its
         # hook fails on an assertion when a peer dies during the all-reduce). wait() is False
         # when a peer failed during it: the buffer is then garbage, and the step is discarded.
-        grads = torch.cat([p.grad.reshape(-1) for p in params])
-        if manager.allreduce(grads).wait():
-            for p, g in zip(params, grads.split(sizes), strict=True):
+        # With --slow-factor, this group's compute time goes along in its slot (lesson 12).
+        timing = [watch.slots(time.perf_counter() - t_quorum)] if args.slow_factor else []
+        grads = torch.cat([p.grad.reshape(-1) for p in params] + timing)
+        ok = manager.allreduce(grads).wait()
+        *parts, times = grads.split([*sizes, grads.numel() - sum(sizes)])
+        if ok:
+            for p, g in zip(params, parts, strict=True):
                 p.grad.copy_(g.view_as(p))
         ft_optimizer.step()  # should_commit: steps only if this group got through, else discards
         if manager.current_step() == step:
@@ -188,11 +254,21 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> Non
             continue
         scheduler.step()
         step += 1
+        leave = None
+        if args.slow_factor:  # the step went through: its times are every group's
+            watch.add(times, manager.num_participants())
+            if step % args.check_every == 0:
+                leave = watch.judge()
         if step % args.log_every == 0 or step == args.steps:
             rate = (step - step_mark) / (time.perf_counter() - t_mark)
             say(f"step {step}/{args.steps} | participants {participants} | loss "
                 f"{loss.item():.4f} | {rate:.1f} steps/s | state {state_hash(model, optimizer)}")
             t_mark, step_mark = time.perf_counter(), step
+        if leave:
+            say(f"leaving at step {step}: {leave}; the other groups go on, and group.sh submits "
+                f"a replacement that avoids this node and heals from them")  # fmt: skip
+            return SICK_NODE_EXIT
+    return 0
 
 
 def main(argv=None) -> int:
@@ -271,7 +347,7 @@ def main(argv=None) -> int:
     say(f"asking for a quorum: the lighthouse forms one when its --min_replicas groups have "
         f"asked; each step waits up to {timeout.total_seconds():.0f} s (COURSE_DIST_TIMEOUT)")
     try:
-        train(args, manager, model, optimizer, scheduler, data, ft_optimizer)
+        status = train(args, manager, model, optimizer, scheduler, data, ft_optimizer)
     except TimeoutError:  # raised from torchft's Rust client, with a traceback of threads
         print(f"error: no quorum within {timeout.total_seconds():.0f} s at step "
               f"{manager.current_step()}: is the lighthouse job still running, and have as many "
@@ -281,8 +357,9 @@ def main(argv=None) -> int:
     finally:
         manager.shutdown(wait=False)
         del store
-    say(f"done at step {manager.current_step()}")
-    return 0
+    if status == 0:
+        say(f"done at step {manager.current_step()}")
+    return status
 
 
 if __name__ == "__main__":

@@ -68,9 +68,10 @@ fi
 # --export, so that they reach it also where a site's default is --export=NONE (sbatch(1);
 # not yet run on the local cluster's export-none profile).
 out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p')
+base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
 next=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID" \
        --export="ALL,CHECKPOINT=$CHECKPOINT,STEPS=$STEPS${SUBSET:+,SUBSET=$SUBSET}" \
-       ${out:+--output="${out//$SLURM_JOB_ID/%j}"} \
+       ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
        "$COURSE_ROOT/lessons/12_sick_node/job.sh" "${train_args[@]}")
 echo "=== $(date -u '+%T') moved off $sick: job $next resumes from $CHECKPOINT without $excluded"
 exit 3
