@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -77,6 +82,83 @@ def run_ranks(nprocs: int, args: list[str], timeout: float, **extra: str):
                 proc.wait()
     status = next((p.returncode for p in procs if p.returncode), 0)
     return subprocess.CompletedProcess(args, status, "".join(outs), "".join(errs))
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    """PIDS and every process below them (a shell's python, srun's task), parents first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+            pid, rest = stat.read_text().split(" ", 1)
+            children.setdefault(int(rest.rsplit(")", 1)[1].split()[1]), []).append(int(pid))
+        except (OSError, IndexError, ValueError):
+            continue  # a process that ended meanwhile
+    found, todo = [], list(pids)
+    while todo:
+        pid = todo.pop(0)
+        if pid not in found:
+            found.append(pid)
+            todo += sorted(children.get(pid, []))
+    return found
+
+
+def stacks(procs, timeout: float = 60) -> str:
+    """Where the processes of PROCS (Popen objects) that still run, and those they started,
+    are: py-spy's dump of each one's Python threads, under its pid, state (/proc: S sleeping,
+    R running, T stopped, ...) and command line; with --native (the C++/Rust frames below them)
+    where py-spy can unwind them, else --nonblocking (without pausing it: a stopped process
+    too). For a test's failure message before it kills them, so that a hang says where it was.
+    Empty when none runs; one line saying why there are no stacks when py-spy is missing
+    (requirements.txt installs it, as lesson 06 uses it) or cannot read a process."""
+    pids = _descendants([p.pid for p in procs if p.poll() is None])
+    if not pids:
+        return ""
+    spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    if not spy:
+        return (f"(no stacks of the processes still running, {pids}: py-spy is not installed; "
+                f"pip install -r requirements.txt)")  # fmt: skip
+    out = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        text = ""
+        for native in (["--native"], ["--nonblocking"]):
+            try:
+                dump = subprocess.run([spy, "dump", *native, "--pid", str(pid)],
+                                      capture_output=True, text=True, timeout=timeout)  # fmt: skip
+            except subprocess.TimeoutExpired:
+                text = f"py-spy dump {' '.join(native)} did not answer within {timeout} s\n"
+                continue
+            if dump.returncode == 0:
+                text = dump.stdout
+                break
+            first = (dump.stderr or dump.stdout).strip().splitlines()[:1]  # not Python, say
+            text = f"py-spy: {first[0] if first else f'exit {dump.returncode}'}\n"
+        out.append(f"--- pid {pid} (state {state}): {command.strip()}\n{text}")
+    return "\n".join(out)
+
+
+def run_or_dump(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """subprocess.run(ARGS, capture_output=True, text=True, timeout=TIMEOUT, **KWARGS), except
+    that a process still running after TIMEOUT fails the test with the stacks of it and of the
+    processes it started (a shell script's python: stacks()), and all of them are killed (run()
+    would kill the first only, and then wait for the pipes its children hold)."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          **kwargs) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            where = stacks([proc])
+            for pid in reversed(_descendants([proc.pid])):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            pytest.fail(f"{args} still ran after {timeout} s; where it and the processes it "
+                        f"started were:\n{where}\n--- its output:\n{out}{err}")  # fmt: skip
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 def sample_output(lesson: Path, job_name: str) -> Path:

@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_environ
+from helpers import clean_environ, run_or_dump, stacks
 
 pytest.importorskip("torchft", reason="torchft 0.2.0 has wheels for CPython 3.10-3.13 on Linux "
                     "x86_64 only (requirements.txt installs it nowhere else)")  # fmt: skip
@@ -61,10 +61,8 @@ def free_port() -> int:
 def test_group_sh_refuses_bad_input_in_one_line(args, env, address, says, tmp_path):
     if address:
         (tmp_path / "lighthouse").write_text(address)
-    proc = subprocess.run(["bash", str(LESSON / "group.sh"), *args], cwd=ROOT, timeout=60,
-                          env=clean_environ(SLURM_SUBMIT_DIR=str(ROOT), FT_DIR=str(tmp_path),
-                                            **env),
-                          capture_output=True, text=True)  # fmt: skip
+    proc = run_or_dump(["bash", str(LESSON / "group.sh"), *args], cwd=ROOT, timeout=60,
+                       env=clean_environ(SLURM_SUBMIT_DIR=str(ROOT), FT_DIR=str(tmp_path), **env))
     says = says.format(dir=tmp_path)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = proc.stderr.strip().splitlines()
@@ -72,15 +70,19 @@ def test_group_sh_refuses_bad_input_in_one_line(args, env, address, says, tmp_pa
 
 
 class Log:
-    """A process's output file, read as it grows."""
+    """A process's output file, read as it grows; PROCS: every process the test started, whose
+    stacks a hang's failure shows (the list as it is then: it may grow after this)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, procs: list[subprocess.Popen]):
         self.path = path
+        self.procs = procs
 
     def text(self) -> str:
         return self.path.read_text(errors="replace") if self.path.exists() else ""
 
     def wait_for(self, pattern: str, procs, timeout: float = GUARD_S) -> re.Match:
+        """The first match of PATTERN in the file; fails if one of PROCS ends first, and after
+        TIMEOUT with the stacks of every process of the test still running (py-spy)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if found := re.search(pattern, self.text(), re.M):
@@ -88,7 +90,9 @@ class Log:
             dead = [p for p in procs if p.poll() is not None]
             assert not dead, f"{dead[0].args} exited {dead[0].returncode}:\n{self.text()}"
             time.sleep(0.1)
-        pytest.fail(f"no {pattern!r} after {timeout} s in {self.path}:\n{self.text()}")
+        where = stacks(self.procs)
+        pytest.fail(f"no {pattern!r} after {timeout} s in {self.path}:\n{self.text()}\n"
+                    f"--- where the processes still running were:\n{where}")  # fmt: skip
 
 
 def lighthouse(tmp_path, procs, min_replicas: int) -> tuple[Log, dict[str, str]]:
@@ -103,8 +107,8 @@ def lighthouse(tmp_path, procs, min_replicas: int) -> tuple[Log, dict[str, str]]
                                        "--join_timeout_ms", "2000", "--heartbeat_timeout_ms",
                                        "2000", "--bind", f"127.0.0.1:{port}"],
                                       stdout=out, stderr=subprocess.STDOUT))  # fmt: skip
-    Log(log).wait_for("Lighthouse listening", procs)
-    return Log(log), clean_environ(TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}")
+    Log(log, procs).wait_for("Lighthouse listening", procs)
+    return Log(log, procs), clean_environ(TORCHFT_LIGHTHOUSE=f"http://127.0.0.1:{port}")
 
 
 def stop(procs) -> None:
@@ -161,7 +165,11 @@ def test_bad_lighthouse_or_too_few_groups_is_one_line(tmp_path):
                    for env, _ in runs]  # fmt: skip
         procs += started
         # A hang guard (each ends in seconds, the one that waits for a quorum in 4).
-        outputs = [proc.communicate(timeout=GUARD_S) for proc in started]
+        try:
+            outputs = [proc.communicate(timeout=GUARD_S) for proc in started]
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"{exc.cmd} still ran after {GUARD_S} s; where the processes still "
+                        f"running were:\n{stacks(procs)}")  # fmt: skip
     finally:
         stop(procs)
     for (out, err), (_, says) in zip(outputs, runs, strict=True):
@@ -202,9 +210,9 @@ def test_a_node_whose_ipv6_wildcard_takes_no_ipv4_is_one_line():
     server through its host name. torchft says so after its connect timeout (train_ft.py's 10
     s), with a traceback; train_ft.py in one line naming the setting."""
     binary = shutil.which("torchft_lighthouse", path=str(Path(sys.executable).parent))
-    proc = subprocess.run(["unshare", "--net", "bash", "-c", V6ONLY, "v6only", binary,
-                           sys.executable, str(TRAIN)], cwd=ROOT, env=clean_environ(),
-                          capture_output=True, text=True, timeout=GUARD_S)  # fmt: skip
+    proc = run_or_dump(["unshare", "--net", "bash", "-c", V6ONLY, "v6only", binary,
+                        sys.executable, str(TRAIN)], cwd=ROOT, env=clean_environ(),
+                       timeout=GUARD_S)  # fmt: skip
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
     assert lines[-1].startswith("error: torchft's Manager did not start: failed to connect to "
@@ -225,7 +233,7 @@ def test_a_killed_group_is_replaced_and_heals_bit_for_bit(tmp_path):
         with open(log, "w") as out:
             procs.append(subprocess.Popen(args, cwd=ROOT, env=env, stdout=out,
                                           stderr=subprocess.STDOUT, text=True))  # fmt: skip
-        return Log(log)
+        return Log(log, procs)
 
     def group(n: int, name: str) -> Log:
         # Far more steps than the test waits for: it stops them once they have compared.
