@@ -230,7 +230,9 @@ NOT_RUN = {
         "cluster/up.sh --nodes 3, under the cluster's lock)", ""),
     "make cluster-up": (NEEDS_ROOT, "restarts the shared cluster in its default shape", ""),
     "bash lessons/12_sick_node/slow_node.sh <jobid> node2": (
-        NEEDS_JOB, "a running job.sh's or group.sh's", f"{SICK_MOVE} {SICK_FT}"),
+        NEEDS_JOB, "a running job.sh's", SICK_MOVE),
+    "bash lessons/12_sick_node/slow_node.sh <jobid> node2 600": (
+        NEEDS_JOB, "a running group.sh's", SICK_FT),
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 0 --slow-factor 3": (
         NEEDS_JOB, "the lighthouse's ($lh)", SICK_FT),
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1 --slow-factor 3": (

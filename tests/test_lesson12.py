@@ -297,7 +297,9 @@ def test_a_torchft_group_on_a_slowed_node_leaves_and_is_replaced_elsewhere(three
             r"step 25/\d+ \| participants 2", out("group", g1)), 3 * GUARD_S)  # fmt: skip
         node = job_record(g1)["NodeList"]
         assert node == "node2", job_record(g1)  # the README slows node2: group 1's node
-        slow = subprocess.run(["bash", "lessons/12_sick_node/slow_node.sh", g1, node],
+        # 600 s, not the default 120: three windows of 10 slowed steps took 150 s and more
+        # beside CI's lanes (5 s a step on Slurm 26.05; the slowing ends with the group anyway).
+        slow = subprocess.run(["bash", "lessons/12_sick_node/slow_node.sh", g1, node, "600"],
                               cwd=ROOT, capture_output=True, text=True, timeout=3 * GUARD_S,
                               env=job_environ())  # fmt: skip
         state1, status1, _ = wait_job(g1, GUARD_S)
