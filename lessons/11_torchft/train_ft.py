@@ -158,8 +158,9 @@ class SlowGroupWatch:
 
     Each group's compute time rides with its gradients, in a slot of its own at the end of the
     all-reduced buffer (zeros in the others' slots), so every group learns every group's time
-    without a collective of its own, which groups started with other flags could mismatch; a
-    group outside the quorum adds 0 and is not judged."""
+    without a collective of its own to keep in step across groups (the slots lengthen the
+    buffer: give --slow-factor to every group or to none); a group outside the quorum adds 0
+    and is not judged."""
 
     def __init__(self, group: int, groups: int, factor: float, windows: int):
         self.group, self.groups, self.factor, self.windows = group, groups, factor, windows
