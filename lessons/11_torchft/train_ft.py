@@ -19,10 +19,12 @@ Without SLURM, on one machine (CPU, gloo), from the course root with the venv ac
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import hashlib
 import logging
 import os
 import platform
+import signal
 import socket
 import statistics
 import sys
@@ -217,7 +219,13 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> int
     sizes = [p.numel() for p in params]
     watch = SlowGroupWatch(args.group, args.groups, args.slow_factor, args.slow_windows)
     participants, t_mark, step_mark = 0, time.perf_counter(), 0
+    # Every wait in a step has a limit of its own (the quorum and should_commit
+    # COURSE_DIST_TIMEOUT, gloo's 10 s, each read of a heal COURSE_DIST_TIMEOUT): a step still
+    # running after three of them waits where none applies. Then every thread's Python stack
+    # goes into this group's output (faulthandler, lesson 06), and again at each such interval.
+    stuck_s = 3 * dist_timeout().total_seconds() + 10
     while manager.current_step() < args.steps:
+        faulthandler.dump_traceback_later(stuck_s, repeat=True)  # re-armed every step
         before = manager.current_step()
         ft_optimizer.zero_grad()  # the quorum for this step: joins, drops, heals happen here
         step = manager.current_step()
@@ -347,6 +355,7 @@ def main(argv=None) -> int:
         f"{env.master_port}, shard {args.group} of {args.groups}, batch {args.batch_size}")
     say(f"asking for a quorum: the lighthouse forms one when its --min_replicas groups have "
         f"asked; each step waits up to {timeout.total_seconds():.0f} s (COURSE_DIST_TIMEOUT)")
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand: kill -USR1
     try:
         status = train(args, manager, model, optimizer, scheduler, data, ft_optimizer)
     except TimeoutError:  # raised from torchft's Rust client, with a traceback of threads
@@ -356,6 +365,7 @@ def main(argv=None) -> int:
               file=sys.stderr, flush=True)  # fmt: skip
         return 1
     finally:
+        faulthandler.cancel_dump_traceback_later()
         manager.shutdown(wait=False)
         del store
     if status == 0:
