@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import platform
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import cluster_lock, job_environ, job_record, run_up, slurm, wait_for, wait_job
-from helpers import clean_environ, start_ranks
+from helpers import clean_environ, stacks, start_ranks
 
 pytestmark = pytest.mark.lesson12
 
@@ -37,18 +36,6 @@ SHORT = ["--steps", str(STEPS), "--train-subset", str(SUBSET), "--test-subset", 
 STATE = re.compile(r"^done: test_acc [\d.]+% after (\d+) steps in [\d.]+s \| state (\w+) "
                    r"\| bn (\w+)$", re.M)
 GUARD_S = 300  # hang guards only: 4 ranks take ~10 s alone, a few times that beside CI's lanes
-
-
-def stacks(procs) -> str:
-    """The Python stacks of the processes still running (py-spy), for a hang's report."""
-    spy = shutil.which("py-spy")
-    out = []
-    for p in procs:
-        if p.poll() is None and spy:
-            dump = subprocess.run([spy, "dump", "--pid", str(p.pid)], capture_output=True,
-                                  text=True, timeout=60)  # fmt: skip
-            out.append(dump.stdout + dump.stderr)
-    return "\n".join(out)
 
 
 def train(*args: str, tmp_path: Path) -> subprocess.CompletedProcess:
