@@ -52,6 +52,13 @@ if [[ ${COURSE_APART_INSIDE:-} != 1 ]]; then
         "$CLUSTER_ROOT" "$COURSE/runs" "$COURSE/checkpoints"
     touch "$DIR/cluster.lock" "$LOCK_FILE"
     chmod 1777 "$DIR/tmp"
+    # Groups an apart.sh killed before its end left (course-apart-<its pid>, that pid gone):
+    # removed when empty, so that no one takes them for this run's.
+    for stale in "$CGROUP_ROOT"/*/course-apart-*; do
+        if [[ -d $stale ]] && ! kill -0 "${stale##*-}" 2>/dev/null; then
+            find "$stale" -depth -type d -exec rmdir {} + 2>/dev/null || true
+        fi
+    done
     # A group of its own in each cgroup v1 hierarchy: the namespace's processes start in it.
     group=course-apart-$$
     hierarchies=()
@@ -82,10 +89,23 @@ if [[ ${COURSE_APART_INSIDE:-} != 1 ]]; then
         if ((rc != 75)) || [[ -e $DIR/started ]]; then break; fi
     done
     rm -f "$DIR/started"
-    # Every process of the namespace has ended with it: only empty groups are left.
-    for h in "${hierarchies[@]}"; do
-        find "$h/$group" -depth -type d -exec rmdir {} + 2>/dev/null || true
+    # Every process of the namespace has been killed with it, but a killed process leaves its
+    # group only once it has exited, and on a loaded machine that can take seconds (rmdir says
+    # EBUSY meanwhile; a group was left behind so in CI): tried again for up to 60 s.
+    for ((i = 0; i < 120; i++)); do
+        left=()
+        for h in "${hierarchies[@]}"; do
+            [[ -d $h/$group ]] || continue
+            find "$h/$group" -depth -type d -exec rmdir {} + 2>/dev/null || true
+            [[ -d $h/$group ]] && left+=("$h/$group")
+        done
+        ((${#left[@]} == 0)) && break
+        sleep 0.5
     done
+    if ((${#left[@]})); then
+        echo "apart.sh: cgroups still busy after 60 s, left in place: ${left[*]}" >&2
+        rc=$((rc ? rc : 1))
+    fi
     exit "$rc"
 fi
 

@@ -57,7 +57,8 @@ EVERY_SLURM = (
     "tests/test_lesson06.py::test_world_size_exported_wrong",
     "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resumes_on_1",
     "tests/test_lesson08.py::test_job_sh_stages_the_folder_form_with_srun_and_trains",
-    # (the lighthouse, two groups and a node set DOWN: 22.05 in make test-sites, 26.05 here)
+    # (the lighthouse, two groups and a node set DOWN, on 26.05 only: 22.05 runs lesson 11's
+    # scripts in lesson 12's torchft test; this one held this machine's cluster 690 s in CI)
     "tests/test_lesson11_cluster.py::",
     # (a node slowed, named, and the job moved off it by its own sbatch --exclude)
     "tests/test_lesson12.py::test_a_slowed_node_is_named_and_the_job_finishes_without_it",
@@ -101,8 +102,9 @@ def pytest_configure(config):
         "test-lesson10); `make test` leaves them out",
     )
     config.addinivalue_line(
-        "markers", "lesson11: lesson 11's tests on this machine (groups on loopback), a lane of "
-        "their own (make test-lesson11); `make test` leaves them out",
+        "markers", "lesson11: lesson 11's tests: on this machine (groups on loopback), a lane of "
+        "their own (make test-lesson11, tests/test_lesson11.py); its cluster test in make "
+        "test-slurm's last pass only (every_slurm); `make test` leaves them out",
     )
     config.addinivalue_line(
         "markers", "lesson12: lesson 12's tests, notebook and jobs, a lane of their own (make "

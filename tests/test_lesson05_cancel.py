@@ -54,6 +54,9 @@ def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, 
             wait_for("a progress line", lambda: "batch 10/" in log(), 240)
             slurm("scancel", job)
             state, _, record = wait_job(job, timeout=240)
+            # How the batch shell ended, as slurmdbd has it once the step's end reaches it.
+            batch = wait_for("the batch step's end in sacct", lambda: slurm(
+                "sacct", "-n", "-P", "-j", f"{job}.batch", "-o", "ExitCode"), 60)  # fmt: skip
         finally:
             subprocess.run(["scancel", job], capture_output=True, timeout=30)
     text = log()
@@ -62,6 +65,15 @@ def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, 
         # A requeue accepted after the cancel counts a restart at once (_job_requeue_op).
         assert record.get("Restarts") == "0", (record, text)
         assert "requeueing job" not in text and text.count("=== job ") == 1, text
+        assert ckpt.is_file() or any(ckpt.rglob("*.distcp")), text  # saved, to go on from
+        # The lines below come once srun has ended: after the tasks' exit, which under a load of
+        # 20 on 2 cores, with the interpreter's own exit (COURSE_TEST_EXITFAST=0), outlasted the
+        # 10 s KillWait once (lesson 07 on 26.05: saved 0.79 s after the SIGTERM, then the
+        # batch shell SIGKILLed with srun still waiting for its tasks). sacct's ExitCode
+        # (status:signal) tells: a shell that got to its end exited 75, with no signal.
+        if not batch.splitlines()[-1].endswith(":0"):
+            pytest.skip(f"job {job}'s batch shell was killed ({batch}) before its tasks ended, "
+                        "at KillWait on a loaded machine: the lines after srun were not written")
         lines = text.splitlines()
         said = [line for line in lines if "saved, not requeued" in line]
         assert len(said) == 1, text
@@ -70,8 +82,6 @@ def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, 
         first = [line for line in lines if "go on later with:" in line]
         assert len(first) == 1 and lines.index(first[0]) < lines.index(said[0]), text
         assert first[0].endswith(f"go on later with: {variable}={ckpt} sbatch {script} 1"), first
-        # What was saved is there to go on from (a file, or DCP's folder of shards).
-        assert ckpt.is_file() or any(ckpt.rglob("*.distcp")), text
     finally:
         shutil.rmtree(ckpt, ignore_errors=True)
 
