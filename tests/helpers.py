@@ -203,3 +203,24 @@ def check_sampler_order(folder: Path, world_size: int, images: int, epochs: int)
                 assert set(order[rank, epoch]) != set(order[rank, epoch - 1]), (
                     f"rank {rank} trains on the same images in epochs {epoch - 1} and {epoch}: "
                     "not reshuffled")  # fmt: skip
+
+
+def require_torchft() -> None:
+    """At a lesson 11 test module's top: skip where requirements.txt installs no torchft (its
+    marker: wheels for Linux x86_64, CPython 3.10-3.13 only), and fail, with the reason, where it
+    does and the import breaks (a skip there would hide a broken install)."""
+    from packaging.requirements import Requirement
+
+    lines = (Path(__file__).resolve().parent.parent / "requirements.txt").read_text().splitlines()
+    (line,) = [x for x in lines if x.startswith("torchft")]
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate():
+        pytest.skip(f"requirements.txt installs no torchft here ({req.marker}): torchft 0.2.0 has "
+                    "wheels for CPython 3.10-3.13 on Linux x86_64 only",
+                    allow_module_level=True)  # fmt: skip
+    try:
+        import torchft  # noqa: F401
+    except Exception as exc:  # noqa: BLE001  # any import failure is the message
+        pytest.fail(f"requirements.txt installs torchft on this platform ({req}), and "
+                    f"`import torchft` fails: {type(exc).__name__}: {exc}. Run make venv again",
+                    pytrace=False)  # fmt: skip

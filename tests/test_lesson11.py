@@ -23,10 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import clean_environ, run_or_dump, stacks
+from helpers import clean_environ, require_torchft, run_or_dump, stacks
 
-pytest.importorskip("torchft", reason="torchft 0.2.0 has wheels for CPython 3.10-3.13 on Linux "
-                    "x86_64 only (requirements.txt installs it nowhere else)")  # fmt: skip
+require_torchft()  # skipped where requirements.txt installs none, failed where it breaks
 # Two processes training side by side for ~20 s on 2 cores: a lane of its own (make test-lesson11).
 pytestmark = pytest.mark.lesson11
 

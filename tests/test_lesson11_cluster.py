@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 from conftest import job_record, run_up, slurm, wait_for, wait_job
+from helpers import require_torchft
 
-pytest.importorskip("torchft", reason="torchft 0.2.0 has wheels for CPython 3.10-3.13 on Linux "
-                    "x86_64 only (requirements.txt installs it nowhere else)")  # fmt: skip
+require_torchft()  # skipped where requirements.txt installs none, failed where it breaks
 
 LIGHTHOUSE = "lessons/11_torchft/lighthouse.sh"
 GROUP = "lessons/11_torchft/group.sh"
