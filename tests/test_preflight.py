@@ -216,7 +216,9 @@ def test_a_missing_rank_clock_skew_and_a_missing_interface_are_all_named():
     lines = problem_lines(results[0][1])
     assert any("rank(s) 2 of WORLD_SIZE=3 never reached rank 0's port" in x for x in lines), lines
     clock = [re.search(r"\(rank 1\): clock is ([0-9.]+) s ahead of rank 0's", x) for x in lines]
-    assert [float(m[1]) for m in clock if m] == [pytest.approx(7, abs=0.1)], lines
+    # The offset comes from one request's round trip: on a loaded machine tenths of a second;
+    # 2 s either way still tells a shifted clock (7 s) from a missed one (0 s).
+    assert [float(m[1]) for m in clock if m] == [pytest.approx(7, abs=2)], lines
     assert any("(rank 0-1): GLOO_SOCKET_IFNAME=nosuch0 matches no interface" in x
                for x in lines), lines  # fmt: skip
     assert "FAILED: 3 problem(s)" in results[0][1], results[0][1]
