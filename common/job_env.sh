@@ -210,9 +210,9 @@ course_subset() {
 # Two pieces that the requeueing job scripts share, so that their stop and requeue rules cannot
 # drift apart (lessons/05_fault_tolerance/README.md §1-§3 explains each rule).
 #
+#     COURSE_RESUME="CHECKPOINT=$CHECKPOINT sbatch lessons/...sh"  # how to go on by hand
 #     course_srun_stoppable srun ... python train.py ...      # sets COURSE_STATUS
-#     course_requeue_or_end "$COURSE_STATUS" "resumes from $CHECKPOINT" \
-#         "CHECKPOINT=$CHECKPOINT sbatch lessons/...sh"
+#     course_requeue_or_end "$COURSE_STATUS" "resumes from $CHECKPOINT" "$COURSE_RESUME"
 #
 # course_srun_stoppable COMMAND...: run COMMAND (an srun) in the background and wait for it,
 # passing a SIGUSR1 or SIGTERM sent to this batch shell on to it as SIGUSR1: the tasks then save
@@ -220,6 +220,7 @@ course_subset() {
 # the foreground; a trapped signal cuts `wait` short, so it is waited for again. Always SIGUSR1:
 # srun answers a SIGTERM of its own by killing the tasks at once ("forcing job termination").
 # Sets COURSE_STATUS (srun's exit status) and COURSE_SIGNALLED (USR1, TERM or empty).
+# COURSE_RESUME, set before, is the command that goes on by hand (said at a cancel: below).
 # shellcheck disable=SC2034  # COURSE_STATUS and COURSE_SIGNALLED are read by the job script
 course_srun_stoppable() {
     COURSE_SIGNALLED=
@@ -242,22 +243,46 @@ course_on_stop() {
     COURSE_SIGNALLED=$1
     echo "=== $(date -u '+%T') got SIG$1: asking the training to checkpoint and stop"
     if [[ -n $course_srun_pid ]]; then kill -USR1 "$course_srun_pid" 2>/dev/null || true; fi
-    # Said here, at the signal: a job Slurm requeued itself has only KillWait left before SIGKILL,
-    # which may not outlast srun's own end (course_requeue_or_end, below, says why it matters).
+    # Said here, at the signal: whether Slurm requeued the job itself, or (after a SIGTERM) how to
+    # go on with a job that is ending. Until SIGKILL there is only KillWait, and the tasks' own
+    # exit may outlast it (measured: saved 0.8 s after the SIGTERM, then 4 ranks leaving for
+    # more than 10 s on a loaded machine): what waits for srun's end may never be said.
     # Asked in the background: a loaded slurmctld may answer after the training has saved, and
     # this shell must then be free to say how to go on (course_requeue_or_end).
     course_check_answer
-    if [[ -z ${COURSE_REQUEUED_BY_SLURM:-} && -z ${course_check_pid:-} ]]; then
-        course_requeued_by_slurm &
+    if [[ -z ${COURSE_REQUEUED_BY_SLURM:-}${COURSE_RESUME_SAID:-} && -z ${course_check_pid:-} ]]; then
+        course_stop_check "$1" &
         course_check_pid=$!
     fi
 }
 
-# course_check_answer [wait]: take the answer of the check course_on_stop started, once it has
-# ended (with "wait": waiting for it): COURSE_REQUEUED_BY_SLURM is set if Slurm requeued the job.
+# course_stop_check SIGNAL: the job's state at a stop signal, in the background. Status 0: Slurm
+# requeued it itself (said: nothing to do); 2: after a SIGTERM, it is ending, not requeued (a
+# cancel, the time limit), and COURSE_RESUME was said; 1: it still runs (a time-limit warning,
+# a preemption's grace time: the script requeues it after the save), or no answer.
+course_stop_check() {
+    course_requeued_by_slurm && return 0
+    [[ $1 == TERM && -n ${COURSE_RESUME:-} ]] || return 1
+    local state restarts
+    read -r state restarts <<<"$(course_job_state)"
+    [[ -n $state && $state != RUNNING ]] || return 1
+    echo "=== $(date -u '+%T') job $SLURM_JOB_ID is ending (JobState=$state: cancelled with scancel, or at its time limit), not requeued: once the training has saved, go on later with: $COURSE_RESUME"
+    return 2
+}
+
+# course_check_answer [wait|stop]: take the answer of the check course_on_stop started, once it
+# has ended (with "wait": waiting for it; with "stop": ending it if it has not answered yet):
+# COURSE_REQUEUED_BY_SLURM is set if Slurm requeued the job, COURSE_RESUME_SAID if the way to go
+# on was said.
 course_check_answer() {
     [[ -n ${course_check_pid:-} ]] || return 0
-    if [[ ${1:-} != wait ]] && kill -0 "$course_check_pid" 2>/dev/null; then return 0; fi
+    if kill -0 "$course_check_pid" 2>/dev/null; then
+        case ${1:-} in
+        wait) ;;
+        stop) kill "$course_check_pid" 2>/dev/null || true ;;
+        *) return 0 ;;
+        esac
+    fi
     local rc
     while :; do
         wait "$course_check_pid" && rc=0 || rc=$?
@@ -267,6 +292,7 @@ course_check_answer() {
     done
     course_check_pid=
     if ((rc == 0)); then COURSE_REQUEUED_BY_SLURM=yes; fi
+    if ((rc == 2)); then COURSE_RESUME_SAID=yes; fi
     return 0
 }
 
@@ -335,11 +361,17 @@ course_requeue_or_end() {
     course_check_answer
     [[ -n ${COURSE_REQUEUED_BY_SLURM:-} ]] && exit 0
     # A SIGTERM to this shell (scancel, the time limit, Slurm's own requeue) is followed by SIGKILL
-    # after KillWait, which a loaded slurmctld's answers below may outlast: the way to go on is
-    # said first. (After the time limit's SIGUSR1, or a preemption's SIGTERM to the tasks alone,
-    # the job still runs and is requeued below: no command to submit it again.)
-    if [[ ${COURSE_SIGNALLED:-} == TERM ]]; then
-        echo "=== $(date -u '+%T') job $SLURM_JOB_ID stopped after SIGTERM: unless the next line says it is requeued, go on later with: $resume"
+    # after KillWait, which a loaded slurmctld's answers below may outlast: unless the check at
+    # the signal said it, the way to go on is said first, and that check, still waiting for
+    # slurmctld, is ended (the questions are asked again below). (After the time limit's SIGUSR1,
+    # or a preemption's SIGTERM to the tasks alone, the job still runs and is requeued below: no
+    # command to submit it again.)
+    if [[ ${COURSE_SIGNALLED:-} == TERM && -z ${COURSE_RESUME_SAID:-} ]]; then
+        course_check_answer stop
+        [[ -n ${COURSE_REQUEUED_BY_SLURM:-} ]] && exit 0
+        if [[ -z ${COURSE_RESUME_SAID:-} ]]; then
+            echo "=== $(date -u '+%T') job $SLURM_JOB_ID stopped after SIGTERM: unless the next line says it is requeued, go on later with: $resume"
+        fi
     fi
     course_check_answer wait
     course_requeued_by_slurm && exit 0

@@ -136,11 +136,20 @@ MUTATIONS = (
         "back (Slurm accepts the requeue of a cancelled, completing job)", slow=True),
     Mutation(
         "l05-advice-after-asking", "common/job_env.sh",
-        "if [[ ${COURSE_SIGNALLED:-} == TERM ]]; then", "if false; then",
+        "if [[ ${COURSE_SIGNALLED:-} == TERM && -z ${COURSE_RESUME_SAID:-} ]]; then",
+        "if false; then",
         ("tests/test_lesson05_cancel.py::"
          "test_a_cancelled_job_says_how_to_go_on_before_asking_slurm",),
         "after a SIGTERM the command to go on is said before slurmctld is asked anything: "
         "SIGKILL follows after KillWait, and a slow scontrol must not take the advice with it",
+        slow=True),
+    Mutation(
+        "l05-advice-after-srun", "common/job_env.sh",
+        "[[ $1 == TERM && -n ${COURSE_RESUME:-} ]] || return 1", "return 1",
+        ("tests/test_lesson05_cancel.py::"
+         "test_a_cancelled_job_whose_tasks_outlive_killwait_says_how_to_go_on",),
+        "a cancelled job says how to go on at the SIGTERM, not only after srun: tasks that "
+        "outlive KillWait take the batch shell with them before srun returns",
         slow=True),
     Mutation(
         "l06-busbw-factor", "lessons/06_diagnosing_hangs/allreduce_bench.py",

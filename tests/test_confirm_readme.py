@@ -100,9 +100,10 @@ def test_a_test_that_does_not_run_it_or_fails_confirms_nothing(tmp_path, body, w
 JOB_TESTS = '''
 import os
 import subprocess
+from pathlib import Path
 
 import pytest
-from conftest import cluster_lock, job_environ, job_record, wait_for, wait_job
+from conftest import cluster_lock, job_environ, wait_for, wait_job
 
 
 def submit(script, env):
@@ -116,8 +117,12 @@ def submit(script, env):
 def end(job, kill=False):
     """Cancelled (scancel), or its batch shell killed while it runs: the job FAILED."""
     if kill:
-        wait_for("the job to run", lambda: (job_record(job) or {}).get("JobState") == "RUNNING",
-                 120)
+        # Its step's first line, not JobState=RUNNING: slurmctld says RUNNING before the node's
+        # batch shell exists, and a signal sent then is lost (the job ran its 60 s, COMPLETED).
+        def working():
+            return any("working: " in p.read_text(errors="replace")
+                       for p in Path("@OUT@").glob(f"*-{job}.out"))
+        wait_for("the job's step to work", working, 120)
         subprocess.run(["scancel", "--batch", "--signal=KILL", job], timeout=30)
     else:
         subprocess.run(["scancel", job], timeout=30)

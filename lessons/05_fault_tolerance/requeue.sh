@@ -58,6 +58,8 @@ eval "$(python -m common.env --export)"
 # it through SLURM_CPUS_PER_TASK): passing it explicitly is right on every version.
 # (No --kill-on-bad-exit here: it counts exit status 75 as a failure, and would kill the
 # ranks that are still leaving after the checkpoint, so srun would not report 75.)
+# What to type to go on by hand, said as soon as a cancel is known (common/job_env.sh).
+COURSE_RESUME="CHECKPOINT=$CHECKPOINT sbatch lessons/05_fault_tolerance/requeue.sh $EPOCHS"
 course_srun_stoppable srun --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     python "$COURSE_ROOT/lessons/05_fault_tolerance/train.py" \
     --epochs "$EPOCHS" --checkpoint "$CHECKPOINT" "$@"
@@ -68,7 +70,6 @@ course_srun_stoppable srun --cpus-per-task="$SLURM_CPUS_PER_TASK" \
 next="resumes from $CHECKPOINT"
 [[ -e $CHECKPOINT ]] || next="starts from the beginning (no checkpoint yet)"
 status=0
-course_requeue_or_end "$COURSE_STATUS" "$next" \
-    "CHECKPOINT=$CHECKPOINT sbatch lessons/05_fault_tolerance/requeue.sh $EPOCHS" || status=$?
+course_requeue_or_end "$COURSE_STATUS" "$next" "$COURSE_RESUME" || status=$?
 echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished with status $status"
 exit "$status"

@@ -67,6 +67,8 @@ echo "MASTER_ADDR=$MASTER_ADDR MASTER_PORT=$MASTER_PORT WORLD_SIZE=$SLURM_NTASKS
 # task (lesson 05's README, §1, explains each step).
 # In Slurm 22.05 to 23.02 srun does not inherit --cpus-per-task from the job (23.11 restored it
 # through SLURM_CPUS_PER_TASK): passing it explicitly is right on every version.
+# What to type to go on by hand, said as soon as a cancel is known (common/job_env.sh).
+COURSE_RESUME="CHECKPOINT_DIR=$CHECKPOINT_DIR sbatch lessons/07_fsdp_sharding/job.sh $EPOCHS"
 course_srun_stoppable srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS_PER_TASK" \
     bash "$COURSE_ROOT/lessons/07_fsdp_sharding/train.sh" "$@"
 
@@ -75,8 +77,7 @@ course_srun_stoppable srun --ntasks="$SLURM_NTASKS" --cpus-per-task="$SLURM_CPUS
 # job waits: the next run may be smaller, train.py reshards the checkpoint. Not after a plain
 # scancel, and a refused requeue fails the job (course_requeue_or_end, as in lesson 05).
 status=0
-course_requeue_or_end "$COURSE_STATUS" "resumes from $CHECKPOINT_DIR" \
-    "CHECKPOINT_DIR=$CHECKPOINT_DIR sbatch lessons/07_fsdp_sharding/job.sh $EPOCHS" || status=$?
+course_requeue_or_end "$COURSE_STATUS" "resumes from $CHECKPOINT_DIR" "$COURSE_RESUME" || status=$?
 if (( status == 0 )); then
     # The sharded checkpoint as one ordinary file for inference, written and read back by one
     # plain process on this (batch) host: no process group, no GPU.
