@@ -84,15 +84,16 @@ def test_activation_checkpointing_same_numbers_fewer_activations(steps):
     assert ac[0]["expected"] < plain[0]["expected"], (steps[2, False], steps[2, True])
 
 
-@pytest.mark.timeout(660)
+@pytest.mark.timeout(1560)
 def test_fit_answers_for_llama3_8b():
     """The README's command for a model far beyond this machine, as written: Llama-3-8B on 8,
     16 and 64 ranks in bf16 on a GPU's kernels, estimated with nothing allocated (about 40 s on
-    2 cores alone, several minutes beside CI's other lanes; it prints its own time per row). The
+    2 cores alone; 210 s wall, 108 CPU-s, at a load of 8; past 600 s beside CI's lanes at a load
+    of 40, so its guard is 1,500 s; it prints its own time per row). The
     parameters' shard is 8.06 G x 4 bytes / N; AdamW's state twice that; the activations the
     same at every N; "fits" is the peak against 81079 MiB, what torch sees of an 80 GB H100."""
     proc = python(str(LESSON / "fit.py"), "--model", "llama3-8b", "--world", "8,16,64", "--bf16",
-                  "--kernels", "cuda", "--gpu-mem", "81079MiB", timeout=600)  # fmt: skip
+                  "--kernels", "cuda", "--gpu-mem", "81079MiB", timeout=1500)  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "model llama3-8b: 8,063.8 M parameters" in proc.stdout, proc.stdout
     assert "kernels: a GPU's for RMSNorm (fused)" in proc.stdout, proc.stdout
