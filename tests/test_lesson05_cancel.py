@@ -41,22 +41,15 @@ SCRIPTS = {
 }  # fmt: skip
 
 
-@pytest.mark.long
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("lesson", sorted(SCRIPTS))
-def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, tmp_path, lesson):
-    if lesson == "07" and slurm_version() == (22, 5):
-        pytest.skip("the same stop rules (common/job_env.sh) as lesson 05's job, which runs "
-                    "here on 22.05; lesson 07's runs on 26.05 (make test-slurm)")
-    script, args, variable, name = SCRIPTS[lesson]
-    out, ckpt = tmp_path / "job.out", tmp_path / name
+def cancel_once_training(cluster_lock, script, args, env, out):
+    """Submit SCRIPT as the README does (output to OUT), scancel it once it trains, wait for its
+    end: (its state, its last record, the batch step's ExitCode in sacct, its log)."""
 
     def log():
         return out.read_text() if out.exists() else ""
 
     with cluster_lock():
-        job = slurm("sbatch", "--parsable", f"--output={out}", ROOT / script, *args,
-                    env={"SUBSET": "12800", variable: str(ckpt)})  # fmt: skip
+        job = slurm("sbatch", "--parsable", f"--output={out}", ROOT / script, *args, env=env)
         try:
             wait_for("a progress line", lambda: "batch 10/" in log(), 240)
             slurm("scancel", job)
@@ -66,7 +59,20 @@ def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, 
                 "sacct", "-n", "-P", "-j", f"{job}.batch", "-o", "ExitCode"), 60)  # fmt: skip
         finally:
             subprocess.run(["scancel", job], capture_output=True, timeout=30)
-    text = log()
+    return state, record, batch, log()
+
+
+@pytest.mark.long
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("lesson", sorted(SCRIPTS))
+def test_plain_scancel_saves_and_the_job_stays_cancelled(cluster, cluster_lock, tmp_path, lesson):
+    if lesson == "07" and slurm_version() == (22, 5):
+        pytest.skip("the same stop rules (common/job_env.sh) as lesson 05's job, which runs "
+                    "here on 22.05; lesson 07's runs on 26.05 (make test-slurm)")
+    script, args, variable, name = SCRIPTS[lesson]
+    out, ckpt = tmp_path / "job.out", tmp_path / name
+    state, record, batch, text = cancel_once_training(
+        cluster_lock, script, args, {"SUBSET": "12800", variable: str(ckpt)}, out)
     try:
         assert state == "CANCELLED", text
         # A requeue accepted after the cancel counts a restart at once (_job_requeue_op).
@@ -118,20 +124,9 @@ def test_a_cancelled_job_says_how_to_go_on_before_asking_slurm(cluster, cluster_
     stub.write_text(SLOW_SCONTROL.format(real=shutil.which("scontrol")))
     stub.chmod(0o755)
 
-    def log():
-        return out.read_text() if out.exists() else ""
-
-    with cluster_lock():
-        job = slurm("sbatch", "--parsable", f"--output={out}", ROOT / script, *args,
-                    env={"SUBSET": "12800", variable: str(ckpt),
-                         "PATH": f"{bin_dir}:{os.environ['PATH']}"})  # fmt: skip
-        try:
-            wait_for("a progress line", lambda: "batch 10/" in log(), 240)
-            slurm("scancel", job)
-            state, _, record = wait_job(job, timeout=240)
-        finally:
-            subprocess.run(["scancel", job], capture_output=True, timeout=30)
-    text = log()
+    state, record, _, text = cancel_once_training(
+        cluster_lock, script, args, {"SUBSET": "12800", variable: str(ckpt),
+                                     "PATH": f"{bin_dir}:{os.environ['PATH']}"}, out)  # fmt: skip
     try:
         assert state == "CANCELLED" and record.get("Restarts") == "0", (record, text)
         assert "checkpoint saved" in text and "requeueing job" not in text, text
@@ -183,22 +178,9 @@ def test_a_cancelled_job_whose_tasks_outlive_killwait_says_how_to_go_on(cluster,
     stub.write_text(SLOW_EXIT_PYTHON.format(real=VENV_BIN / "python"))
     stub.chmod(0o755)
 
-    def log():
-        return out.read_text() if out.exists() else ""
-
-    with cluster_lock():
-        job = slurm("sbatch", "--parsable", f"--output={out}", ROOT / script, *args,
-                    env={"SUBSET": "12800", variable: str(ckpt),
-                         "COURSE_VENV": str(bin_dir.parent)})  # fmt: skip
-        try:
-            wait_for("a progress line", lambda: "batch 10/" in log(), 240)
-            slurm("scancel", job)
-            state, _, record = wait_job(job, timeout=240)
-            batch = wait_for("the batch step's end in sacct", lambda: slurm(
-                "sacct", "-n", "-P", "-j", f"{job}.batch", "-o", "ExitCode"), 60)  # fmt: skip
-        finally:
-            subprocess.run(["scancel", job], capture_output=True, timeout=30)
-    text = log()
+    state, record, batch, text = cancel_once_training(
+        cluster_lock, script, args, {"SUBSET": "12800", variable: str(ckpt),
+                                     "COURSE_VENV": str(bin_dir.parent)}, out)  # fmt: skip
     try:
         assert state == "CANCELLED" and record.get("Restarts") == "0", (record, text)
         assert "checkpoint saved" in text and "requeueing job" not in text, text
