@@ -232,6 +232,8 @@ def lane_of(test: str) -> str:
     marks = collected().get(test) or next(
         (m for t, m in collected().items() if t.startswith(f"{test}::")), None)
     assert marks is not None, f"pytest collects no {test}"
+    if "lesson11" in marks and "every_slurm" in marks:  # lesson 11's cluster test (tests/lanes.py)
+        return "make test-slurm"
     return next((lane for mark, lane in LANES if mark in marks), "make test")
 
 
