@@ -76,9 +76,12 @@ start_accounting() {
     start_slurm_daemon "" "$CTL_NAME" slurmdbd ||
         die "slurmdbd did not start; see $LOG_DIR/slurmdbd.log and $LOG_DIR/start.log"
     wait_pidfile "$RUN_DIR/slurmdbd.pid" slurmdbd "$LOG_DIR/slurmdbd.log"
-    for ((i = 0; i < 100; i++)); do
-        (: </dev/tcp/"$CTL_ADDR"/"$DBD_PORT") 2>/dev/null && break
-        sleep 0.1
+    # slurmdbd writes its pid file before it has made its tables (seconds on a new database, more
+    # on a loaded machine) and listens only after: wait for its port, by the clock.
+    local deadline=$((SECONDS + 60))
+    until (: </dev/tcp/"$CTL_ADDR"/"$DBD_PORT") 2>/dev/null; do
+        ((SECONDS < deadline)) || die "slurmdbd did not listen on $CTL_ADDR:$DBD_PORT within 60 s; see $LOG_DIR/slurmdbd.log"
+        sleep 0.2
     done
 }
 
@@ -95,13 +98,23 @@ first_job_id() {
 }
 
 # The cluster must be known to the database before slurmctld sends it records.
+# Tried again for up to a minute: CI once saw `add cluster` refused ("Connection refused") half
+# a second after slurmdbd had started on a new database, beside two other clusters' load.
 register_cluster() {
-    local out
-    out=$(timeout 20 "$(client_path sacctmgr)" -n -P list cluster format=cluster 2>&1) ||
-        die "sacctmgr cannot reach slurmdbd: $out; see $LOG_DIR/slurmdbd.log"
-    grep -qx course <<<"$out" && return 0
-    timeout 20 "$(client_path sacctmgr)" -i add cluster course >>"$LOG_DIR/start.log" 2>&1 ||
-        die "sacctmgr could not add cluster 'course'; see $LOG_DIR/start.log"
+    local out deadline=$((SECONDS + 60))
+    while :; do
+        date '+%T register_cluster' >>"$LOG_DIR/start.log"
+        if out=$(timeout 20 "$(client_path sacctmgr)" -n -P list cluster format=cluster 2>&1); then
+            grep -qx course <<<"$out" && return 0
+            timeout 20 "$(client_path sacctmgr)" -i add cluster course >>"$LOG_DIR/start.log" 2>&1 &&
+                return 0
+        else
+            printf '%s\n' "$out" >>"$LOG_DIR/start.log"
+        fi
+        ((SECONDS < deadline)) ||
+            die "sacctmgr could not add cluster 'course' within 60 s; see $LOG_DIR/start.log"
+        sleep 2
+    done
 }
 
 # wait_pidfile FILE NAME LOG: wait for a daemon's pid file, record the pid.
