@@ -150,8 +150,20 @@ take_lock() {
         die "another cluster/up.sh or down.sh still holds $LOCK_FILE after $wait_s s; try again when it ends"
 }
 
-# pid_alive PID [NAME]: PID runs (is not a zombie) and, if given, is called NAME.
-# A killed daemon can stay a zombie for a while when nothing reaps it promptly.
+# This shell's PID namespace. The daemons and tasks of this cluster run in it; a cluster that
+# cluster/apart.sh runs beside runs in its own, which this one's /proc shows too. PIDs (pid_max
+# is 32768 here) and namespace numbers are reused once freed: without this check, a recorded
+# pid or a node's UTS namespace number taken again by the other cluster's slurmd had down.sh
+# stop that slurmd (seen in CI, on node2 of the second cluster, 3 s after it started).
+OWN_PID_NS=$(readlink /proc/self/ns/pid 2>/dev/null || true)
+
+# in_own_pid_ns PID: PID runs in this shell's PID namespace.
+in_own_pid_ns() {
+    [[ -z $OWN_PID_NS || $(readlink "/proc/$1/ns/pid" 2>/dev/null) == "$OWN_PID_NS" ]]
+}
+
+# pid_alive PID [NAME]: PID runs (is not a zombie) and, if given, is called NAME and runs in this
+# shell's PID namespace. A killed daemon can stay a zombie for a while when nothing reaps it.
 pid_alive() {
     local pid=$1 name=${2:-} stat comm state
     [[ $pid =~ ^[0-9]+$ ]] || return 1
@@ -160,7 +172,8 @@ pid_alive() {
     comm=${comm%)*}
     state=${stat##*) }
     state=${state%% *}
-    [[ $state != Z && (-z $name || $comm == "$name") ]]
+    [[ $state != Z && (-z $name || $comm == "$name") ]] || return 1
+    [[ -z $name ]] || in_own_pid_ns "$pid"
 }
 
 # Lines "name pid" of every daemon up.sh started (RUN_DIR/daemons).
@@ -183,7 +196,7 @@ processes_in_node_namespaces() {
     find /proc/[0-9]*/ns -maxdepth 1 -name uts \( "${patterns[@]}" \) 2>/dev/null |
         while read -r path; do
             path=${path#/proc/}
-            echo "${path%%/*}"
+            if in_own_pid_ns "${path%%/*}"; then echo "${path%%/*}"; fi
         done
 }
 

@@ -2,6 +2,8 @@
 (CI runs the other Slurm versions' lane and the longest jobs so). Real daemons on both sides.
 """
 
+import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -25,6 +27,8 @@ echo "processes named slurmctld: $(pgrep -cx slurmctld)"
 echo "lock: $(ls /tmp/course-cluster.lock 2>&1 | head -c 60)"
 echo ready
 while [ ! -e "$OUT_DIR/go" ]; do sleep 0.2; done
+after=$(timeout 60 srun --nodes=2 --ntasks-per-node=1 hostname | sort | tr '\n' ' ') || true
+echo "after the restart beside: $after"
 """
 
 
@@ -34,6 +38,14 @@ def host_view():
     hosts = Path("/etc/hosts").read_text()
     netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return daemons, hosts, sorted(netns.split("\n"))
+
+
+def their_slurmds(apart_pid):
+    """The slurmd processes of the second cluster that apart.sh (pid apart_pid) runs, as this
+    machine's /proc shows them (in its cgroup course-apart-<pid>)."""
+    pids = subprocess.run(["pgrep", "-x", "slurmd"], capture_output=True, text=True).stdout.split()
+    group = f"course-apart-{apart_pid}"
+    return [p for p in pids if group in re.split(r"[/:\n]", Path(f"/proc/{p}/cgroup").read_text())]
 
 
 def test_second_cluster_beside_this_one_sees_nothing_of_it(cluster, cluster_lock, tmp_path):
@@ -54,6 +66,15 @@ def test_second_cluster_beside_this_one_sees_nothing_of_it(cluster, cluster_lock
             # Its daemons, cgroups and network leave this machine's cluster as it was, and a
             # restart of it meanwhile does not take them for strays of its own.
             assert host_view() == before
+            # PIDs and namespace numbers are reused once freed: as if this cluster's records
+            # named the other's slurmds (their pids, their nodes' UTS namespaces), which its
+            # down.sh must still leave alone (CI saw it stop one).
+            theirs = their_slurmds(inside.pid)
+            assert len(theirs) == 2, theirs
+            with open(CLUSTER_ROOT / "run" / "daemons", "a") as f:
+                f.writelines(f"slurmd {pid}\n" for pid in theirs)
+            with open(CLUSTER_ROOT / "run" / "uts", "a") as f:
+                f.writelines(os.readlink(f"/proc/{pid}/ns/uts") + "\n" for pid in theirs)
             restart = subprocess.run(["bash", "-c", "bash cluster/down.sh && bash cluster/up.sh"],
                                      cwd=ROOT, capture_output=True, text=True,
                                      timeout=180)  # fmt: skip
@@ -66,6 +87,7 @@ def test_second_cluster_beside_this_one_sees_nothing_of_it(cluster, cluster_lock
         assert inside.returncode == 0, out
         assert "cluster: up in" in out and "node1\nnode2\n" in out, out
         assert "JobState=COMPLETED" in out, out
+        assert "after the restart beside: node1 node2 \n" in out, out
         # One slurmctld inside (its own PID namespace), no lock of this machine's in its /tmp,
         # and down.sh ran at the end.
         assert "processes named slurmctld: 1\n" in out, out
