@@ -139,10 +139,12 @@ def test_plot_scaling_reads_the_stored_study(tmp_path):
 # --------------------------------------------------------------------------- local cluster
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(1000)
 def test_job_sh_stages_the_folder_form_with_srun_and_trains(data, cluster, tmp_path):
+    # A hang guard only: 360 s ran out once in CI (Slurm 26.05 without the exit freeze, beside
+    # the other lanes: the staging alone took 106 s, the job had scored its images).
     status, out = submit_job(tmp_path, LESSON / "job.sh", "--max-steps", "8", "--workers", "1",
-                             env={"FORM": "folder", "STAGE_WITH": "srun"}, timeout=360)  # fmt: skip
+                             env={"FORM": "folder", "STAGE_WITH": "srun"}, timeout=900)  # fmt: skip
     assert status == 0, out
     # The job's own folder on each node (named after the job), removed when it ends.
     staged = r"staged folder \(\d+ MB\) from .* to /tmp/mnist-files-(\d+) on 2 node\(s\) with srun"
