@@ -50,12 +50,13 @@ def free_port() -> int:
     (["0"], {"STEPS": "many"}, None, "STEPS='many' is not a whole number of steps"),
     (["0"], {"SUBSET": "all"}, None, "SUBSET='all' is not a whole number of images"),
     (["0"], {"FT_WAIT_S": "soon"}, None, "FT_WAIT_S='soon' is not a whole number of seconds"),
+    (["0"], {"CKPT_EVERY": "often"}, None, "CKPT_EVERY='often' is not a whole number of steps"),
     (["0"], {"FT_WAIT_S": "1"}, None, "no lighthouse address in {dir}/lighthouse after 1 s"),
     # An address whose lighthouse job has ended (or never was): squeue does not list it running.
     (["0"], {"FT_WAIT_S": "1"}, "http://node1:15001 999999\n",
      "names http://node1:15001 of lighthouse job 999999, which is not running (squeue: "),
     (["0"], {"FT_WAIT_S": "1"}, "http://node1:15001\n", "holds 'http://node1:15001' and no job id"),
-], ids=["index", "groups", "steps", "subset", "wait", "no-file", "job-not-running",
+], ids=["index", "groups", "steps", "subset", "wait", "ckpt-every", "no-file", "job-not-running",
         "no-job-id"])  # fmt: skip
 def test_group_sh_refuses_bad_input_in_one_line(args, env, address, says, tmp_path):
     if address:
@@ -274,3 +275,85 @@ def test_a_killed_group_is_replaced_and_heals_bit_for_bit(tmp_path):
     # so their hashes still agree) 2.32 (2.28 to 2.36): the model learns nothing.
     late = [float(m[2]) for m in LOSS.finditer(survivor_text) if int(m[1]) >= 60]
     assert late and sum(late) / len(late) < 1.0, survivor_text
+
+
+RESUMED = re.compile(r"\[group (\d)\] resumed from (\S+)/step-(\d+): step (\d+) \| state (\w+)$",
+                     re.M)  # fmt: skip
+
+
+def test_every_group_and_the_lighthouse_lost_resume_from_the_checkpoint_bit_for_bit(tmp_path):
+    """Everything ends at once (the lighthouse killed, as its time limit or its node would end
+    it): each group waits for its quorum's timeout (COURSE_DIST_TIMEOUT, 8 s here), then says so
+    in one line naming the newest checkpoint, and exits 1. A new lighthouse and two new groups
+    resume from that checkpoint: the state they load is the one the groups logged at its step,
+    and every step both runs logged after it is the same state again, bit for bit (the same
+    batches, learning rate and AdamW moments: a resume that restarted the schedule, the
+    sampler's epoch or the optimizer would differ). A group given another run's recipe on the
+    same folder is refused in one line."""
+    procs: list[subprocess.Popen] = []
+    ckpt = tmp_path / "ckpt"
+    env = {}
+
+    def group(n: int, name: str, *extra: str) -> Log:
+        log = tmp_path / f"{name}.log"
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(TRAIN), "--group", str(n), "--steps", "100000",
+                 "--log-every", "5", "--ckpt-every", "40", "--ckpt-dir", str(ckpt),
+                 "--train-subset", "2048", *extra],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+        return Log(log, procs)
+
+    try:
+        env.update(lighthouse(tmp_path, procs, min_replicas=1)[1], COURSE_DIST_TIMEOUT="8")
+        first = [group(0, "first0"), group(1, "first1")]
+        # The quorum's first group writes (either may be first).
+        deadline = time.monotonic() + GUARD_S
+        while not (ckpt / "step-00000080").is_dir():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (
+                first[0].text(), first[1].text())
+            time.sleep(0.1)
+        first[1].wait_for(r"step 90/\d+ \| participants 2", procs)
+        procs[0].kill()  # the lighthouse
+        t_kill = time.monotonic()
+        for proc in procs[1:3]:
+            proc.wait(timeout=GUARD_S)
+        waited = time.monotonic() - t_kill
+        newest = max(p.name for p in ckpt.glob("step-*"))
+        texts = [log.text() for log in first]
+        for proc, text in zip(procs[1:3], texts, strict=True):
+            last = text.strip().splitlines()[-1]
+            assert proc.returncode == 1 and "Traceback" not in text, text
+            assert last.startswith("error: no quorum within 8 s at step ") and last.endswith(
+                f"the newest checkpoint, {ckpt / newest}, is where new groups resume"), text
+        assert 8 <= waited < 8 + 30, waited  # the quorum's timeout, not a hang
+        print(f"the groups ended {waited:.1f} s after the lighthouse, newest {newest}")
+
+        procs.clear()
+        # Both groups in the first quorum (min_replicas 2): with 1, the group that starts first
+        # may step alone once (the other not yet heartbeating), and the two runs' steps differ.
+        env.update(lighthouse(tmp_path, procs, min_replicas=2)[1])
+        second = [group(0, "second0"), group(1, "second1")]
+        resumed = [log.wait_for(RESUMED.pattern, procs) for log in second]
+        step = int(newest.split("-")[1])
+        before = hashes(texts[0])
+        for found in resumed:
+            assert (found[2], int(found[3]), int(found[4])) == (str(ckpt), step, step), found[0]
+            assert found[5] == before[step], (found[0], texts[0])  # the state saved, loaded
+        later = [s for s in before if s > step]
+        assert later, texts[0]  # the first run logged steps past the checkpoint
+        for log in second:
+            log.wait_for(rf"step {max(later)}/\d+ \|", procs)
+        # Another run's recipe (other --steps: another schedule) on the same folder.
+        refused = run_or_dump([sys.executable, str(TRAIN), "--group", "0", "--steps", "500",
+                               "--ckpt-dir", str(ckpt), "--train-subset", "2048"],
+                              cwd=ROOT, env=env, timeout=GUARD_S)  # fmt: skip
+    finally:
+        stop(procs)
+    for log in second:
+        after = hashes(log.text())
+        assert all(after[s] == before[s] for s in later), (texts[0], log.text())
+        assert "healed" not in log.text(), log.text()  # both started from the checkpoint
+    err = refused.stderr.strip().splitlines()
+    assert refused.returncode == 2 and len(err) == 1 and "Traceback" not in refused.stderr, err
+    assert "is from another run: steps=100000 (this run: 500); delete " in err[0], err

@@ -7,8 +7,11 @@ the other group steps on alone; Slurm requeues the lost group's job (group.sh's 
 --requeue``: a job on the same node without it ends NODE_FAIL), which heals from the live group
 and then holds the same weights and optimizer state, bit for bit; then the student's version: the
 group's job killed (scancel --signal=KILL) and a new job of that group submitted, which heals the
-same way; both groups then run to their last step (1200 here) and end COMPLETED with the same
-state; last, the lighthouse cancelled, and its address file gone with it.
+same way; then everything ends at once (the lighthouse and both groups cancelled, as a
+maintenance or the lighthouse's time limit would end them), and a new lighthouse and two new
+groups, submitted as before, resume from the newest checkpoint: the state each loads is the one
+the groups logged at that step; both run to their last step (1200 here) and end COMPLETED with
+the same state; last, the lighthouse cancelled, and its address file gone with it.
 Every job is waited for to its end.
 
 The node is resumed in a ``finally``, whatever happens (only if it is still down: with the
@@ -33,6 +36,8 @@ require_torchft()  # skipped where requirements.txt installs none, failed where 
 LIGHTHOUSE = "lessons/11_torchft/lighthouse.sh"
 GROUP = "lessons/11_torchft/group.sh"
 HASH = re.compile(r"\[group (\d)\] step (\d+)/\d+ \|.* \| state (\w+)$", re.M)
+RESUMED = re.compile(r"\[group \d\] resumed from (\S+)/step-(\d+): step (\d+) \| state (\w+)$",
+                     re.M)  # fmt: skip
 GUARD_S = 240  # hang guards only: the slow kind of machine takes twice as long
 SITE = "no-requeue"  # JobRequeue=0: only a job submitted with --requeue is requeued
 
@@ -127,8 +132,10 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             gone = wait_for("group 0 alone", lambda: re.search(
                 r"participants 2 -> 1 at step (\d+)", out("group", g0)), GUARD_S)  # fmt: skip
             # (The job's output file holds both runs: the requeued one starts at "run 1".)
+            # It loads the newest checkpoint first (saved by group 0 alone meanwhile, if it got
+            # that far), then heals from group 0 to its step.
             healed = wait_for("the requeued group 1 to heal", lambda: re.search(
-                r"run 1 on .*?healed: step 0 -> (\d+)", out("group", g1), re.S),
+                r"run 1 on .*?healed: step \d+ -> (\d+)", out("group", g1), re.S),
                 GUARD_S)  # fmt: skip
             print(f"group 1's requeued run healed {time.monotonic() - t_down:.1f} s after DOWN")
             assert int(job_record(g1)["Restarts"]) == 1
@@ -150,9 +157,36 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
                 r"participants 2 -> 1", out("group", g0))) == 2, GUARD_S)  # fmt: skip
             g1b = sbatch(GROUP, "1", name="group")
             healed = wait_for("the new group 1 to heal", lambda: re.search(
-                r"healed: step 0 -> (\d+)", out("group", g1b)), GUARD_S)  # fmt: skip
+                r"healed: step \d+ -> (\d+)", out("group", g1b)), GUARD_S)  # fmt: skip
             same_state_after(int(healed[1]), g0, g1b)
             print(f"group 1's replacement healed at step {healed[1]} of {shorter['STEPS']}")
+
+            # Everything ends: the groups and the lighthouse cancelled, once the two groups have
+            # saved a checkpoint together (every 100 steps, by the quorum's first group).
+            ckpt = tmp_path / "checkpoints"
+
+            def newest() -> int:
+                done = [int(p.name[5:]) for p in ckpt.glob("step-*") if (p / ".metadata").exists()]
+                return max(done, default=-1)
+
+            wait_for("a checkpoint after the heal", lambda: newest() > int(healed[1]), GUARD_S)
+            slurm("scancel", lh, g0, g1b)  # the README's scancel $lh <jobid> <jobid>
+            for job in (g0, g1b, lh):
+                assert wait_job(job, timeout=GUARD_S)[0] == "CANCELLED", job
+            saved, before = newest(), hashes(out("group", g0))
+            assert saved in before, before  # logged when it was saved (25 divides 100)
+            lh = sbatch(LIGHTHOUSE, name="lighthouse")
+            after = (f"--dependency=after:{lh}",)
+            t_resubmit = time.monotonic()
+            g0 = sbatch(GROUP, "0", name="group", options=after)
+            g1b = sbatch(GROUP, "1", name="group", options=after)
+            for g in (g0, g1b):
+                found = wait_for(f"job {g} to resume", lambda g=g: RESUMED.search(
+                    out("group", g)), GUARD_S)  # fmt: skip
+                assert (found[1], int(found[2]), int(found[3])) == (str(ckpt), saved, saved)
+                assert found[4] == before[saved], (found[0], before)  # the state saved, loaded
+            print(f"new groups resumed at step {saved} {time.monotonic() - t_resubmit:.1f} s "
+                  f"after they were submitted")  # fmt: skip
             # Both run to their last step, as the README's jobs do, and end there alike.
             last = int(shorter["STEPS"])
             for g in (g0, g1b):

@@ -110,6 +110,9 @@ run_ft() {  # run_ft RUN yes|no
     export FT_DIR=$work/$run
     submit "$run-lighthouse" lessons/11_torchft/lighthouse.sh; lh=$SUBMITTED
     # As the README starts them: Slurm holds each group until the lighthouse's job has started.
+    # Without group.sh's checkpoints (CKPT_EVERY=0): what is compared is torchft's heal against
+    # lesson 05's restart, and a requeued group that loaded one would heal from its step, not 0.
+    export CKPT_EVERY=0
     SUBSET=$SUBSET STEPS=$STEPS submit "$run-g0" --dependency=after:"$lh" \
         lessons/11_torchft/group.sh 0 --log-every 1
     g0=$SUBMITTED

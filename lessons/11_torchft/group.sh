@@ -18,11 +18,13 @@
 # leaves (status 3), and this script submits its replacement, without that node.
 # FT_GROUPS (default 2): how many groups share the data. STEPS (default 2000): the quorum's
 # last step. SUBSET=N: only the first N training images.
-# FT_DIR: where the lighthouse writes "<its address> <its job id>" (default
-# <course>/runs/torchft); the group takes the address once squeue shows that job running,
-# waiting up to FT_WAIT_S seconds (default 30: a lighthouse still starting, a shared
-# filesystem slow to show the file). Or TORCHFT_LIGHTHOUSE=http://<host>:<port> names it
-# directly.
+# FT_DIR: a folder every node mounts (default <course>/runs/torchft), where the lighthouse writes
+# "<its address> <its job id>" and the groups keep checkpoints/: the quorum's first group writes
+# one every CKPT_EVERY steps (default 100; 0: none), and a group that starts loads the newest,
+# so a run whose groups all ended goes on from there (a new run: a new FT_DIR, or remove
+# checkpoints/). The group takes the address once squeue shows that job running, waiting up to
+# FT_WAIT_S seconds (default 30: a lighthouse still starting, a shared filesystem slow to show
+# the file). Or TORCHFT_LIGHTHOUSE=http://<host>:<port> names it directly.
 #
 #SBATCH --job-name=ft-group
 #SBATCH --nodes=1
@@ -51,10 +53,13 @@ STEPS=${STEPS:-2000}
 [[ $STEPS =~ ^[1-9][0-9]*$ ]] || { echo "error: STEPS='$STEPS' is not a whole number of steps >= 1: e.g. STEPS=2000" >&2; exit 2; }
 course_subset || exit 2
 [[ -n ${SUBSET:-} ]] && set -- --train-subset "$SUBSET" "$@"
+FT_DIR=${FT_DIR:-$COURSE_ROOT/runs/torchft}
+CKPT_EVERY=${CKPT_EVERY:-100}
+[[ $CKPT_EVERY =~ ^[0-9]+$ ]] || { echo "error: CKPT_EVERY='$CKPT_EVERY' is not a whole number of steps: e.g. CKPT_EVERY=100, or 0 for no checkpoints" >&2; exit 2; }
+((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
 
 # The lighthouse's address: given, or the one in the file its job writes, once squeue shows that
 # job running (an address whose job has ended would only fail later, in train_ft.py's check).
-FT_DIR=${FT_DIR:-$COURSE_ROOT/runs/torchft}
 FT_WAIT_S=${FT_WAIT_S:-30}
 [[ $FT_WAIT_S =~ ^[0-9]+$ ]] || { echo "error: FT_WAIT_S='$FT_WAIT_S' is not a whole number of seconds: e.g. FT_WAIT_S=30" >&2; exit 2; }
 lighthouse_job="given"
@@ -107,7 +112,7 @@ out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/
 base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
 [[ $lighthouse_job == given ]] || unset TORCHFT_LIGHTHOUSE  # the replacement reads the file
 next=$(sbatch --parsable --exclude="$excluded" \
-       --export="ALL,FT_GROUPS=$GROUPS_N,STEPS=$STEPS,FT_DIR=$FT_DIR${SUBSET:+,SUBSET=$SUBSET}" \
+       --export="ALL,FT_GROUPS=$GROUPS_N,STEPS=$STEPS,FT_DIR=$FT_DIR,CKPT_EVERY=$CKPT_EVERY${SUBSET:+,SUBSET=$SUBSET}" \
        ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
        "$COURSE_ROOT/lessons/11_torchft/group.sh" "$FT_GROUP" "${train_args[@]}")
 echo "=== $(date -u '+%T') moved off $SLURMD_NODENAME: group $FT_GROUP goes on as job $next, without $excluded"

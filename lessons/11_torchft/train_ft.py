@@ -7,13 +7,15 @@ steps only if this group got through the step (should_commit agrees across the r
 group, not across groups: a group whose all-reduce failed discards the step on its own). A
 group that dies is dropped from the next quorum, the others go on; a group that (re)joins, or
 fell behind, copies the weights and the optimizer state from a live peer ("heals") and steps
-with them.
+with them. With --ckpt-dir, one group at a time saves the state every --ckpt-every steps (DCP, as
+lesson 07), and a group that starts loads the newest: if every group and the lighthouse end at
+once, the next ones go on from there (with a live peer ahead of it, a group heals from it).
 
 Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
     torchft_lighthouse --min_replicas 1 --join_timeout_ms 2000 --bind 127.0.0.1:29510 &
     export TORCHFT_LIGHTHOUSE=http://127.0.0.1:29510
-    python lessons/11_torchft/train_ft.py --group 0 --steps 300 &
-    python lessons/11_torchft/train_ft.py --group 1 --steps 300
+    python lessons/11_torchft/train_ft.py --group 0 --steps 300 --ckpt-dir runs/ft-ckpt &
+    python lessons/11_torchft/train_ft.py --group 1 --steps 300 --ckpt-dir runs/ft-ckpt
 """
 
 from __future__ import annotations
@@ -24,18 +26,25 @@ import hashlib
 import logging
 import os
 import platform
+import re
+import shutil
 import signal
 import socket
 import statistics
 import sys
 import time
 import urllib.parse
+import warnings
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from common.checkpoint import CheckpointError
 from common.env import LaunchError, resolve_launch_env
 from common.launch import check_launch, cpu_threads, dist_timeout
 from common.mnist import MnistDataError, build_model, build_optimizer, load_data
@@ -62,6 +71,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--log-every", type=int, default=25,
                    help="a line every N steps, with the hash of the state that groups share")
     p.add_argument("--train-subset", type=int, default=0, help="use only the first N images")
+    p.add_argument("--ckpt-dir", type=Path, default=None,
+                   help="shared folder for the groups' checkpoints (none: nothing is saved)")
+    p.add_argument("--ckpt-every", type=int, default=100, help="a checkpoint every N steps")
     p.add_argument("--slow-factor", type=float, default=0.0,
                    help="leave when this group computes F times the others' median (lesson 12)")
     p.add_argument("--check-every", type=int, default=10, help="steps per timing window")
@@ -75,8 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not 0 <= args.group < args.groups:
         p.error(f"--group {args.group} is not one of the {args.groups} groups (0 .. "
                 f"{args.groups - 1}): give --groups N for N groups")  # fmt: skip
-    if args.steps < 1 or args.batch_size < 1:
-        p.error("--steps and --batch-size must be at least 1")
+    if args.steps < 1 or args.batch_size < 1 or args.ckpt_every < 1:
+        p.error("--steps, --batch-size and --ckpt-every must be at least 1")
     os.environ["FT_GROUP"] = str(args.group)
     return args
 
@@ -150,6 +162,68 @@ def state_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return digest.hexdigest()[:16]
 
 
+STEP_DIR = re.compile(r"step-(\d{8})")
+RECIPE = ("groups", "steps", "batch_size", "lr", "seed", "train_subset")  # what a resume must match
+
+
+def newest_checkpoint(root: Path) -> Path | None:
+    """The newest complete checkpoint folder under ``root`` (DCP writes .metadata last)."""
+    found = [(int(m[1]), p) for p in root.glob("step-*")
+             if (m := STEP_DIR.fullmatch(p.name)) and (p / ".metadata").is_file()]  # fmt: skip
+    return max(found)[1] if found else None
+
+
+def save(root: Path, args, manager, model, optimizer, scheduler) -> Path:
+    """The groups hold the same state after a committed step, so one group's copy is the
+    training's: the quorum's first group writes it, alone (no process group across the groups
+    here: DCP sees none initialised and writes as one process), to a folder of its own that is
+    renamed into place once complete. A group of several ranks would write one shard per rank."""
+    step = manager.current_step()
+    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.group{args.group}"
+    shutil.rmtree(tmp, ignore_errors=True)  # this group's save killed half-way
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # keyed by parameter name
+    progress = {"torchft": manager.state_dict(), "recipe": {k: getattr(args, k) for k in RECIPE}}
+    dcp.save({"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(),
+              "progress": progress}, checkpoint_id=tmp)  # fmt: skip
+    if final.exists():  # written by another group in an earlier run of the same step
+        shutil.rmtree(tmp)
+    else:
+        tmp.rename(final)  # a folder rename is atomic: a group that resumes sees all or nothing
+    for old in sorted(p for p in root.glob("step-*") if STEP_DIR.fullmatch(p.name))[:-2]:
+        shutil.rmtree(old, ignore_errors=True)  # keep the last two
+    return final
+
+
+def resume(root: Path, args, manager, model, optimizer, scheduler) -> Path | None:
+    """Load the newest checkpoint, the Manager's step included: the first quorum then sees this
+    group at that step. If a live group is further on, the quorum heals this one from it; if
+    every group starts from here (all had ended), none heals and they go on from this step."""
+    path = newest_checkpoint(root)
+    if path is None:
+        return None
+    fix = f"delete {root} to start afresh, or give another --ckpt-dir (FT_DIR)"
+    progress = {"torchft": {"step": 0, "batches_committed": 0}, "recipe": dict.fromkeys(RECIPE)}
+    try:  # the small part first: another run's checkpoint is refused before any shape mismatch
+        dcp.load({"progress": progress}, checkpoint_id=path)
+    except (Exception, dcp.CheckpointException) as exc:  # the latter is a BaseException
+        cause = next(iter(exc.failures.values()))[0] if hasattr(exc, "failures") else exc
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:160]
+        raise CheckpointError(f"cannot read checkpoint {path} ({reason}); {fix}") from None
+    want = {k: getattr(args, k) for k in RECIPE}
+    if progress["recipe"] != want:
+        diff = ", ".join(f"{k}={progress['recipe'].get(k)} (this run: {want[k]})"
+                         for k in RECIPE if progress["recipe"].get(k) != want[k])  # fmt: skip
+        raise CheckpointError(f"checkpoint {path} is from another run: {diff}; {fix}")
+    model_sd, optim_sd = get_state_dict(model, optimizer)  # to be filled in place
+    state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict()}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])  # fmt: skip
+    scheduler.load_state_dict(state["scheduler"])
+    manager.load_state_dict(progress["torchft"])
+    return path
+
+
 class SlowGroupWatch:
     """Lesson 12's straggler check, across the replica groups: the group whose steps compute
     ``factor`` times longer than the median of the other groups', ``windows`` windows in a row,
@@ -218,7 +292,7 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> int
     params = list(model.parameters())
     sizes = [p.numel() for p in params]
     watch = SlowGroupWatch(args.group, args.groups, args.slow_factor, args.slow_windows)
-    participants, t_mark, step_mark = 0, time.perf_counter(), 0
+    participants, t_mark, step_mark = 0, time.perf_counter(), manager.current_step()
     # Every wait in a step has a limit of its own (the quorum and should_commit
     # COURSE_DIST_TIMEOUT, gloo's 10 s, each read of a heal COURSE_DIST_TIMEOUT): a step still
     # running after three of them waits where none applies. Then every thread's Python stack
@@ -273,6 +347,12 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> int
             say(f"step {step}/{args.steps} | participants {participants} | loss "
                 f"{loss.item():.4f} | {rate:.1f} steps/s | state {state_hash(model, optimizer)}")
             t_mark, step_mark = time.perf_counter(), step
+        if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps) \
+                and manager.participating_rank() == 0:  # fmt: skip
+            t_save = time.perf_counter()
+            path = save(args.ckpt_dir, args, manager, model, optimizer, scheduler)
+            say(f"checkpoint {path} in {time.perf_counter() - t_save:.2f} s (this group is the "
+                f"quorum's first)")  # fmt: skip
         if leave:
             say(f"leaving at step {step}: {leave}; the other groups go on, and group.sh submits "
                 f"a replacement that avoids this node and heals from them")  # fmt: skip
@@ -304,6 +384,9 @@ def main(argv=None) -> int:
     from torchft import Manager, Optimizer, ProcessGroupGloo
 
     logging.basicConfig(level=logging.WARNING)
+    # DCP warns that it saves and loads "in a single process" with no default process group:
+    # that is the intent, one process writes its group's copy (save() says why).
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     timeout = dist_timeout()
     # The group's own store, as torchrun's agent would host it: torchft's Manager connects to
     # it (is_master=False). On each new quorum every group rebuilds the process group across
@@ -357,13 +440,23 @@ def main(argv=None) -> int:
         f"asked; each step waits up to {timeout.total_seconds():.0f} s (COURSE_DIST_TIMEOUT)")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand: kill -USR1
     try:
+        if args.ckpt_dir and (resumed := resume(args.ckpt_dir, args, manager, model, optimizer,
+                                                scheduler)):  # fmt: skip
+            say(f"resumed from {resumed}: step {manager.current_step()} | state "
+                f"{state_hash(model, optimizer)}")  # fmt: skip
         status = train(args, manager, model, optimizer, scheduler, data, ft_optimizer)
     except TimeoutError:  # raised from torchft's Rust client, with a traceback of threads
+        newest = args.ckpt_dir and newest_checkpoint(args.ckpt_dir)
+        kept = (f"; the newest checkpoint, {newest}, is where new groups resume" if newest
+                else "; no checkpoint kept (--ckpt-dir): new groups start at step 0")
         print(f"error: no quorum within {timeout.total_seconds():.0f} s at step "
               f"{manager.current_step()}: is the lighthouse job still running, and have as many "
-              f"groups as its MIN_REPLICAS started? (a longer wait: COURSE_DIST_TIMEOUT=<seconds>)",
-              file=sys.stderr, flush=True)  # fmt: skip
+              f"groups as its MIN_REPLICAS started? (a longer wait: COURSE_DIST_TIMEOUT=<seconds>)"
+              f"{kept}", file=sys.stderr, flush=True)  # fmt: skip
         return 1
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     finally:
         faulthandler.cancel_dump_traceback_later()
         manager.shutdown(wait=False)
