@@ -233,6 +233,13 @@ MUTATIONS = (
         "wrong steps, so every hash still agrees; only the loss tells: the survivor's mean from "
         "step 60 on must be below 1.0 (0.22 measured, 2.32 rolled)"),
     Mutation(
+        "l11-resume-without-schedule", "lessons/11_torchft/train_ft.py",
+        '    scheduler.load_state_dict(state["scheduler"])', "    pass",
+        ("tests/test_lesson11.py::"
+         "test_every_group_and_the_lighthouse_lost_resume_from_the_checkpoint_bit_for_bit",),
+        "groups that resume from the checkpoint restart the one-cycle schedule: the state they "
+        "load is right, every step after it has another learning rate and another state"),
+    Mutation(
         "l12-bn-not-restored", "lessons/12_sick_node/train.py",
         "                    b.copy_(before)", "                    pass",
         ("tests/test_lesson12.py::test_a_nan_is_skipped_on_every_rank_as_a_planned_skip_is",),

@@ -272,12 +272,12 @@ DERIVED: dict[tuple[str, str], tuple[str, tuple, object]] = {
         (("compare-lesson05.txt", r"^11:42:([\d.]+) resumed line seen"),
          ("compare-lesson05.txt", r"^11:42:([\d.]+) DOWN node2")),
         lambda resumed, down: resumed - down),
-    ("12_sick_node", "105 s, the first"): (
-        "group 1's leaving line less slow_node.sh's start (11:27:30 - 11:25:45)",
-        (("slurm-32.out", r"^11:(\d+):\d+ \[group 1\] leaving at"),
-         ("slurm-32.out", r"^11:\d+:(\d+) \[group 1\] leaving at"),
-         ("slow-node-32.txt", r"^=== 11:(\d+):\d+ slowing"),
-         ("slow-node-32.txt", r"^=== 11:\d+:(\d+) slowing")),
+    ("12_sick_node", "27 s, the first"): (
+        "group 1's leaving line less slow_node.sh's start (08:02:37 - 08:02:10)",
+        (("slurm-29.out", r"^08:(\d+):\d+ \[group 1\] leaving at"),
+         ("slurm-29.out", r"^08:\d+:(\d+) \[group 1\] leaving at"),
+         ("slow-node-29.txt", r"^=== 08:(\d+):\d+ slowing"),
+         ("slow-node-29.txt", r"^=== 08:\d+:(\d+) slowing")),
         lambda m1, s1, m0, s0: (m1 * 60 + s1) - (m0 * 60 + s0)),
 }
 # fmt: on
