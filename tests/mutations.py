@@ -234,7 +234,7 @@ MUTATIONS = (
         "step 60 on must be below 1.0 (0.22 measured, 2.32 rolled)"),
     Mutation(
         "l11-resume-without-schedule", "lessons/11_torchft/train_ft.py",
-        '    scheduler.load_state_dict(state["scheduler"])', "    pass",
+        '    scheduler.load_state_dict(state["scheduler"])  # where the one-cycle was', "    pass",
         ("tests/test_lesson11.py::"
          "test_every_group_and_the_lighthouse_lost_resume_from_the_checkpoint_bit_for_bit",),
         "groups that resume from the checkpoint restart the one-cycle schedule: the state they "

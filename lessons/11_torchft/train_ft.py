@@ -219,7 +219,7 @@ def resume(root: Path, args, manager, model, optimizer, scheduler) -> Path | Non
     dcp.load(state, checkpoint_id=path)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])  # fmt: skip
-    scheduler.load_state_dict(state["scheduler"])
+    scheduler.load_state_dict(state["scheduler"])  # where the one-cycle was
     manager.load_state_dict(progress["torchft"])
     return path
 
