@@ -68,6 +68,8 @@ FSDP_JOB = "tests/test_lesson07.py::test_job_saves_on_2_nodes_requeues_and_resum
 UP_DOWN = "tests/test_cluster.py::test_up_is_idempotent_and_down_leaves_nothing"
 TORCHFT_JOBS = ("tests/test_lesson11_cluster.py::"
                 "test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit")
+TORCHFT_CRASH = ("tests/test_lesson11_cluster.py::"
+                 "test_a_crashed_node_is_found_by_timeouts_and_its_group_heals")
 KEEP_JOB = "tests/test_lesson10.py::test_keep_job"
 SICK_MOVE = ("tests/test_lesson12.py::"
              "test_a_slowed_node_is_named_and_the_job_finishes_without_it")
@@ -222,6 +224,9 @@ NOT_RUN = {
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": (
         NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
     "scancel --signal=KILL <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
+    "bash cluster/crash_node.sh node2": (NEEDS_JOB, "a running group.sh's node", TORCHFT_CRASH),
+    "bash cluster/crash_node.sh --back node2": (
+        NEEDS_JOB, "a node that crash_node.sh stopped", TORCHFT_CRASH),
     "bash lessons/11_torchft/compare.sh": (
         NEEDS_ROOT, "sets the shared cluster's nodes DOWN; a benchmark of about 6 minutes, run for "
         "the README, not in CI", ""),

@@ -33,6 +33,7 @@ from helpers import require_torchft
 
 require_torchft()  # skipped where requirements.txt installs none, failed where it breaks
 
+ROOT = Path(__file__).resolve().parent.parent
 LIGHTHOUSE = "lessons/11_torchft/lighthouse.sh"
 GROUP = "lessons/11_torchft/group.sh"
 HASH = re.compile(r"\[group (\d)\] step (\d+)/\d+ \|.* \| state (\w+)$", re.M)
@@ -209,3 +210,81 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
                 if "down" in node_state(node) or "drain" in node_state(node):
                     slurm("scontrol", "update", f"NodeName={node}", "State=RESUME")
             run_up()
+
+
+@pytest.mark.lesson11  # run only by make test-slurm's last pass (tests/lanes.py)
+@pytest.mark.timeout(1800)
+def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluster_lock,
+                                                                 tmp_path):  # fmt: skip
+    """A real crash (cluster/crash_node.sh: every process of group 1's node stopped, its link
+    down, so no socket closes): group 0's all-reduce waits for gloo's timeout (10 s, train_ft.py)
+    and discards the step, the lighthouse drops group 1 (its heartbeat timeout passed meanwhile)
+    and group 0 steps alone; slurmctld sets the node DOWN only after SlurmdTimeout (60 s) and
+    requeues the group's job; once the node is back (its processes killed, as by a reboot), the
+    job runs again and heals from group 0, bit for bit. What each took is printed."""
+    env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}  # stopped by the test
+    jobs: list[str] = []
+    crashed: list[str] = []
+
+    def sbatch(script, *args, name) -> str:
+        job = slurm("sbatch", "--parsable", f"--output={tmp_path}/{name}-%j.out", script, *args,
+                    env=env)  # fmt: skip
+        jobs.append(job)
+        return job
+
+    def out(name, job) -> str:
+        path = Path(tmp_path) / f"{name}-{job}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def crash(*args) -> str:
+        proc = subprocess.run(["bash", "cluster/crash_node.sh", *args], cwd=ROOT, text=True,
+                              capture_output=True, timeout=60)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    with cluster_lock():
+        try:
+            lh = sbatch(LIGHTHOUSE, name="lighthouse")
+            g0 = sbatch(f"--dependency=after:{lh}", GROUP, "0", name="group")
+            g1 = sbatch(f"--dependency=after:{lh}", GROUP, "1", name="group")
+            wait_for("both groups stepping together", lambda: re.search(
+                r"step 50/\d+ \| participants 2", out("group", g1)), GUARD_S)  # fmt: skip
+            node = job_record(g1)["NodeList"]
+            assert node == "node2", job_record(g1)  # the README crashes node2: group 1's node
+            assert node != job_record(g0)["NodeList"], "the groups share a node"
+            crashed.append(node)
+            crash(node)
+            t0 = time.monotonic()
+            # No socket closed: group 0 learns it from gloo's timeout, not from the peer.
+            lost = wait_for("group 0 to give up on group 1", lambda: re.search(
+                r"step (\d+) discarded[\s\S]*?participants 2 -> 1 at step \d+",
+                out("group", g0)), GUARD_S)  # fmt: skip
+            t_lost = time.monotonic() - t0
+            text0 = out("group", g0)
+            assert "Timed out waiting 10000ms" in text0, text0[-3000:]
+            wait_for(f"{node} DOWN", lambda: "down" in node_state(node), GUARD_S, poll=0.5)
+            t_down = time.monotonic() - t0
+            assert t_down >= 60, t_down  # SlurmdTimeout: slurmctld waits that long for an answer
+            wait_for(f"job {g1} requeued", lambda: job_record(g1).get("JobState") == "PENDING"
+                     and int(job_record(g1).get("Restarts", 0)) == 1, GUARD_S)  # fmt: skip
+            print(crash("--back", node))
+            crashed.clear()
+            healed = wait_for("the requeued group 1 to heal", lambda: re.search(
+                r"run 1 on .*?healed: step \d+ -> (\d+)", out("group", g1), re.S),
+                2 * GUARD_S)  # fmt: skip
+            t_healed = time.monotonic() - t0
+            step = (int(healed[1]) // 25 + 1) * 25
+            for g in (g0, g1):
+                wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
+                    out("group", g)), GUARD_S)  # fmt: skip
+            assert hashes(out("group", g0))[step] == hashes(out("group", g1))[step]
+            print(f"crash of {node}: group 0 stepping alone after {t_lost:.1f} s (step "
+                  f"{lost[1]} discarded), {node} DOWN after {t_down:.1f} s, the requeued group "
+                  f"healed at step {healed[1]} after {t_healed:.1f} s")  # fmt: skip
+        finally:
+            for node in crashed:
+                crash("--back", node)
+            for job in jobs:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+            for job in jobs:
+                wait_job(job, timeout=GUARD_S)
