@@ -5,7 +5,10 @@
 # down, so no socket closes (a killed process's kernel would close its sockets, and the peers
 # would know within milliseconds) and nothing answers the peers' packets. With --back the node
 # comes back as from a reboot: its processes are killed, its slurmd goes on, the link comes up,
-# and slurmd registers again (ReturnToService=2 puts the node back in service).
+# and slurmd registers again as a starting slurmd does (SIGHUP: it reconfigures and registers;
+# without it, slurmctld had not asked the DOWN node again two minutes later), and
+# ReturnToService=2 puts the node back in service. Unlike a reboot, the slurmd is the same process: what a starting slurmd cleans up
+# (a killed job's private /tmp) stays (cluster/README.md).
 #
 #   bash cluster/crash_node.sh node2          # node2 stops answering
 #   bash cluster/crash_node.sh --back node2   # node2 comes back, empty
@@ -47,7 +50,8 @@ if ((back)); then
     ((${#others[@]} == 0)) || kill -KILL "${others[@]}" 2>/dev/null || true
     kill -CONT "$slurmd"
     ip -n "$ns" link set eth0 up
-    echo "=== $(date -u '+%T') $node back: ${#others[@]} processes killed, its slurmd goes on, link up"
+    kill -HUP "$slurmd"
+    echo "=== $(date -u '+%T') $node back: ${#others[@]} processes killed, link up, its slurmd registers again"
 else
     kill -STOP "$slurmd" "${others[@]}"
     ip -n "$ns" link set eth0 down

@@ -220,8 +220,14 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
     down, so no socket closes): group 0's all-reduce waits for gloo's timeout (10 s, train_ft.py)
     and discards the step, the lighthouse drops group 1 (its heartbeat timeout passed meanwhile)
     and group 0 steps alone; slurmctld sets the node DOWN only after SlurmdTimeout (60 s) and
-    requeues the group's job; once the node is back (its processes killed, as by a reboot), the
-    job runs again and heals from group 0, bit for bit. What each took is printed."""
+    requeues the group's job, which runs on a third node while the crashed one stays down (as a
+    site keeps a crashed node out until someone has looked at it) and heals from group 0, bit for
+    bit. Then the node comes back (crash_node.sh --back). What each took is printed.
+
+    A third node, not the crashed one back: --back continues the node's slurmd where a reboot
+    would start a new one, and on Slurm 26.05 a job requeued onto that node then failed to launch
+    ("namespace_p_join: open failed for .../<job>/.ns", held: "launch failed requeued held"),
+    where 22.05 ran it (cluster/README.md)."""
     env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}  # stopped by the test
     jobs: list[str] = []
     crashed: list[str] = []
@@ -243,6 +249,7 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
         return proc.stdout
 
     with cluster_lock():
+        run_up("--nodes", "3")
         try:
             lh = sbatch(LIGHTHOUSE, name="lighthouse")
             g0 = sbatch(f"--dependency=after:{lh}", GROUP, "0", name="group")
@@ -265,14 +272,12 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
             wait_for(f"{node} DOWN", lambda: "down" in node_state(node), GUARD_S, poll=0.5)
             t_down = time.monotonic() - t0
             assert t_down >= 60, t_down  # SlurmdTimeout: slurmctld waits that long for an answer
-            wait_for(f"job {g1} requeued", lambda: job_record(g1).get("JobState") == "PENDING"
-                     and int(job_record(g1).get("Restarts", 0)) == 1, GUARD_S)  # fmt: skip
-            print(crash("--back", node))
-            crashed.clear()
             healed = wait_for("the requeued group 1 to heal", lambda: re.search(
                 r"run 1 on .*?healed: step \d+ -> (\d+)", out("group", g1), re.S),
                 2 * GUARD_S)  # fmt: skip
             t_healed = time.monotonic() - t0
+            record = job_record(g1)
+            assert int(record["Restarts"]) == 1 and record["NodeList"] == "node3", record
             step = (int(healed[1]) // 25 + 1) * 25
             for g in (g0, g1):
                 wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
@@ -280,7 +285,10 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
             assert hashes(out("group", g0))[step] == hashes(out("group", g1))[step]
             print(f"crash of {node}: group 0 stepping alone after {t_lost:.1f} s (step "
                   f"{lost[1]} discarded), {node} DOWN after {t_down:.1f} s, the requeued group "
-                  f"healed at step {healed[1]} after {t_healed:.1f} s")  # fmt: skip
+                  f"healed on node3 at step {healed[1]} after {t_healed:.1f} s")  # fmt: skip
+            print(crash("--back", node))
+            crashed.clear()
+            wait_for(f"{node} back in service", lambda: "down" not in node_state(node), GUARD_S)
         finally:
             for node in crashed:
                 crash("--back", node)
@@ -288,3 +296,4 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
                 subprocess.run(["scancel", job], capture_output=True, timeout=30)
             for job in jobs:
                 wait_job(job, timeout=GUARD_S)
+            run_up()
