@@ -7,8 +7,9 @@
 # comes back as from a reboot: its processes are killed, its slurmd goes on, the link comes up,
 # and slurmd registers again as a starting slurmd does (SIGHUP: it reconfigures and registers;
 # without it, slurmctld had not asked the DOWN node again two minutes later), and
-# ReturnToService=2 puts the node back in service. Unlike a reboot, the slurmd is the same process: what a starting slurmd cleans up
-# (a killed job's private /tmp) stays (cluster/README.md).
+# ReturnToService=2 puts the node back in service. Unlike a reboot, the slurmd is the same
+# process: what a starting slurmd cleans up (a killed job's private /tmp) stays
+# (cluster/README.md).
 #
 #   bash cluster/crash_node.sh node2          # node2 stops answering
 #   bash cluster/crash_node.sh --back node2   # node2 comes back, empty
