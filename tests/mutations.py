@@ -233,12 +233,20 @@ MUTATIONS = (
         "wrong steps, so every hash still agrees; only the loss tells: the survivor's mean from "
         "step 60 on must be below 1.0 (0.22 measured, 2.32 rolled)"),
     Mutation(
-        "l11-resume-without-schedule", "lessons/11_torchft/train_ft.py",
+        "l11-resume-without-schedule", "lessons/11_torchft/ft_checkpoint.py",
         '    scheduler.load_state_dict(state["scheduler"])  # where the one-cycle was', "    pass",
         ("tests/test_lesson11.py::"
          "test_every_group_and_the_lighthouse_lost_resume_from_the_checkpoint_bit_for_bit",),
         "groups that resume from the checkpoint restart the one-cycle schedule: the state they "
         "load is right, every step after it has another learning rate and another state"),
+    Mutation(
+        "l11-sigterm-unhandled", "lessons/11_torchft/train_ft.py",
+        "    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signal.Signals("
+        "signum).name))", "    pass",
+        ("tests/test_lesson11.py::"
+         "test_a_group_sent_sigterm_leaves_between_steps_saves_and_no_step_is_lost",),
+        "without the handler Python ends at SIGTERM inside a step, as at SIGKILL: nothing saved, "
+        "the group's status is -15, not 75, and the survivor may discard the step in flight"),
     Mutation(
         "l12-bn-not-restored", "lessons/12_sick_node/train.py",
         "                    b.copy_(before)", "                    pass",

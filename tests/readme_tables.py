@@ -223,7 +223,9 @@ NOT_RUN = {
         NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": (
         NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
-    "scancel --signal=KILL <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
+    "scancel --signal=KILL <jobid>.0": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
+    "sbatch --nodes=1 --nodelist=<node> lessons/05_fault_tolerance/preempt.sh": (
+        NEEDS_JOB, "a running group.sh's node", TORCHFT_CRASH),
     "bash cluster/crash_node.sh node2": (NEEDS_JOB, "a running group.sh's node", TORCHFT_CRASH),
     "bash cluster/crash_node.sh --back node2": (
         NEEDS_JOB, "a node that crash_node.sh stopped", TORCHFT_CRASH),
@@ -289,8 +291,8 @@ JOB_ENDS = {
     "sbatch lessons/05_fault_tolerance/crash.sh 1 --faulty-node node2 --crash-in-epoch 1": "FAILED",
     # Lesson 11: a server, cancelled once the groups are done (its header's `scancel`).
     "lh=$(sbatch --parsable lessons/11_torchft/lighthouse.sh)": "CANCELLED",
-    # Lesson 11: group 1's first job, killed by the student's `scancel --signal=KILL`.
-    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": "CANCELLED",
+    # Lesson 11: group 1's first job, its step killed by the student's `scancel --signal=KILL`.
+    "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": "FAILED",
     # Lesson 12: each names node2, saves and exits 3 (then moves, where a node is left).
     "sbatch lessons/12_sick_node/job.sh": "FAILED",
     "sbatch lessons/12_sick_node/job.sh --fault nan --fault-node node2": "FAILED",

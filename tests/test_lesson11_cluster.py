@@ -8,9 +8,10 @@ the other group steps on alone; Slurm requeues the lost group's job (group.sh's 
 and then holds the same weights and optimizer state, bit for bit; then the student's version: the
 group's job killed (scancel --signal=KILL) and a new job of that group submitted, which heals the
 same way; then everything ends at once (the lighthouse and both groups cancelled, as a
-maintenance or the lighthouse's time limit would end them), and a new lighthouse and two new
-groups (group 1 by the student's line) resume from the newest checkpoint: the state each loads
-is the one the groups logged at that step; both run to their last step (1200 here) and end
+maintenance or the time limits would end them: SIGTERM, on which a group leaves between two
+steps and saves), and a new lighthouse and two new groups (group 1 by the student's line) resume
+from the newest checkpoint: the state each loads is the one the last group to leave saved (a
+step past the periodic checkpoints: nothing redone); both run to their last step (1200 here) and end
 COMPLETED with the same state; last, the lighthouse cancelled, and its address file gone with it.
 Every job is waited for to its end.
 
@@ -37,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 LIGHTHOUSE = "lessons/11_torchft/lighthouse.sh"
 GROUP = "lessons/11_torchft/group.sh"
 HASH = re.compile(r"\[group (\d)\] step (\d+)/\d+ \|.* \| state (\w+)$", re.M)
+LEFT = re.compile(r"\[group \d\] SIGTERM \(scancel, a preemption, the time limit\): leaving "
+                  r"between steps (\d+) and \d+ \| state (\w+);")  # fmt: skip
 RESUMED = re.compile(r"\[group \d\] resumed from (\S+)/step-(\d+): step (\d+) \| state (\w+)$",
                      re.M)  # fmt: skip
 GUARD_S = 240  # hang guards only: the slow kind of machine takes twice as long
@@ -102,7 +105,7 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             g0 = sbatch(GROUP, "0", name="group", options=after)
             g1 = sbatch(GROUP, "1", name="group", options=after)
             wait_for("both groups stepping together", lambda: re.search(
-                r"step 50/\d+ \| participants 2", out("group", g1)), GUARD_S)  # fmt: skip
+                r"step \d+/\d+ \| participants 2", out("group", g1)), GUARD_S)  # fmt: skip
             records = {job: job_record(job) for job in (lh, g0, g1)}
             for g in (g0, g1):
                 # Started no sooner than the lighthouse, and given its address, not the old one.
@@ -151,9 +154,13 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             # srun's line, or slurmstepd's (whichever got out before the step ended, or both)
             assert re.search("node failure", text1, re.I) and "run 1 on " in text1, text1
 
-            # The student's version: the group's job killed, a new job of the group submitted.
-            slurm("scancel", "--signal=KILL", g1)
-            assert wait_job(g1, timeout=GUARD_S)[0] == "CANCELLED"
+            # The student's version: the group's training step killed, a new job of the group
+            # submitted. SIGKILL to the step's task at once (`<jobid>.0`); the whole job's
+            # `scancel --signal=KILL <jobid>` would end it as a plain scancel does, SIGTERM
+            # first, on which the group leaves cleanly (measured with lesson 05's signal_probe).
+            slurm("scancel", "--signal=KILL", f"{g1}.0")
+            assert wait_job(g1, timeout=GUARD_S)[0] == "FAILED"  # srun's status 9: killed
+            assert not LEFT.search(out("group", g1).partition("run 1 on ")[2]), out("group", g1)
             wait_for("group 0 alone again", lambda: len(re.findall(
                 r"participants 2 -> 1", out("group", g0))) == 2, GUARD_S)  # fmt: skip
             g1b = sbatch(GROUP, "1", name="group")
@@ -171,11 +178,18 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
                 return max(done, default=-1)
 
             wait_for("a checkpoint after the heal", lambda: newest() > int(healed[1]), GUARD_S)
+            periodic = newest()
+            # A plain scancel: SIGTERM first, to every process of the three jobs. Each group
+            # ends the step in flight, leaves and saves it; one that got it later than the
+            # lighthouse's end may find no quorum and be killed after KillWait, having saved
+            # nothing: the newest checkpoint is the last leaver's step, past the periodic one.
             slurm("scancel", lh, g0, g1b)  # the README's scancel $lh <jobid> <jobid>
             for job in (g0, g1b, lh):
                 assert wait_job(job, timeout=GUARD_S)[0] == "CANCELLED", job
-            saved, before = newest(), hashes(out("group", g0))
-            assert saved in before, before  # logged when it was saved (25 divides 100)
+            left = [m for g in (g0, g1b) if (m := LEFT.search(out("group", g)))]
+            assert left, out("group", g0) + out("group", g1b)
+            saved, state = max((int(m[1]), m[2]) for m in left)
+            assert newest() == saved >= periodic, (newest(), saved, periodic)
             lh = sbatch(LIGHTHOUSE, name="lighthouse")
             after = (f"--dependency=after:{lh}",)
             t_resubmit = time.monotonic()
@@ -187,7 +201,7 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
                 found = wait_for(f"job {g} to resume", lambda g=g: RESUMED.search(
                     out("group", g)), GUARD_S)  # fmt: skip
                 assert (found[1], int(found[2]), int(found[3])) == (str(ckpt), saved, saved)
-                assert found[4] == before[saved], (found[0], before)  # the state saved, loaded
+                assert found[4] == state, (found[0], left)  # the state the last leaver saved
             print(f"new groups resumed at step {saved} {time.monotonic() - t_resubmit:.1f} s "
                   f"after they were submitted")  # fmt: skip
             # Both run to their last step, as the README's jobs do, and end there alike.
@@ -258,7 +272,7 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
             g0 = sbatch(f"--dependency=after:{lh}", GROUP, "0", name="group")
             g1 = sbatch(f"--dependency=after:{lh}", GROUP, "1", name="group")
             wait_for("both groups stepping together", lambda: re.search(
-                r"step 50/\d+ \| participants 2", out("group", g1)), GUARD_S)  # fmt: skip
+                r"step \d+/\d+ \| participants 2", out("group", g1)), GUARD_S)  # fmt: skip
             node = job_record(g1)["NodeList"]
             assert node == "node2", job_record(g1)  # the README crashes node2: group 1's node
             assert node != job_record(g0)["NodeList"], "the groups share a node"
@@ -292,6 +306,39 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
             print(f"crash of {node}: group 0 stepping alone after {t_lost:.1f} s (at step "
                   f"{lost[1]}, {how}), {node} DOWN after {t_down:.1f} s, the requeued group "
                   f"healed on node3 at step {healed[1]} after {t_healed:.1f} s")  # fmt: skip
+
+            # A preemption of the requeued group (an urgent job on node3, lesson 05's
+            # preempt.sh): SIGTERM to its task, which leaves between two steps and saves; the
+            # job goes back in the queue (group.sh requeues it within the grace time where Slurm
+            # does not: 22.05), runs again once the urgent job has ended, and heals. Group 0
+            # went on at the step group 1 left, without discarding one.
+            discarded = out("group", g0).count("discarded")
+            urgent = slurm("sbatch", "--parsable", "--nodes=1", "--nodelist=node3",
+                           f"--output={tmp_path}/urgent-%j.out",
+                           "lessons/05_fault_tolerance/preempt.sh")  # fmt: skip
+            jobs.append(urgent)
+            t1 = time.monotonic()
+            left = wait_for("group 1 to leave on SIGTERM", lambda: LEFT.search(out("group", g1)),
+                            GUARD_S)  # fmt: skip
+            t_left = time.monotonic() - t1
+            drops = wait_for("group 0 alone again", lambda: re.findall(
+                r"participants 2 -> 1 at step (\d+)", out("group", g0))[1:], GUARD_S)  # fmt: skip
+            assert int(drops[0]) == int(left[1]), (drops, left[0])
+            assert out("group", g0).count("discarded") == discarded, out("group", g0)[-3000:]
+            assert wait_job(urgent, timeout=GUARD_S)[0] == "COMPLETED"
+            healed = wait_for("the preempted group 1 to heal", lambda: re.search(
+                r"run 2 on .*?healed: step \d+ -> (\d+)", out("group", g1), re.S),
+                GUARD_S)  # fmt: skip
+            t_back = time.monotonic() - t1
+            assert int(job_record(g1)["Restarts"]) == 2, job_record(g1)
+            step = (int(healed[1]) // 25 + 1) * 25
+            for g in (g0, g1):
+                wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
+                    out("group", g)), GUARD_S)  # fmt: skip
+            assert hashes(out("group", g0))[step] == hashes(out("group", g1))[step]
+            print(f"preemption of group 1 on node3: it left {t_left:.1f} s after the urgent "
+                  f"job's submission (step {left[1]}), healed at step {healed[1]} after "
+                  f"{t_back:.1f} s")  # fmt: skip
             print(crash("--back", node))
             crashed.clear()
             wait_for(f"{node} back in service", lambda: "down" not in node_state(node), GUARD_S)

@@ -91,9 +91,21 @@ export TORCHFT_LIGHTHOUSE FT_GROUP RUST_LOG=${RUST_LOG:-warn}
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME:" \
      "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE (job $lighthouse_job)"
+# scancel and the time limit send SIGTERM to this shell as well as to the tasks (a preemption
+# first to the tasks alone): train_ft.py leaves between two steps, saves and ends with status
+# 75. Trapped here only so that this shell waits for that rather than end first.
+trap : TERM
 status=0
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/train_ft.py" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@" || status=$?
 if ((status == 0)); then echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"; fi
+if ((status == 75 || status == 143)); then
+    # The group left on SIGTERM (143: before train_ft.py set its handler). Within a preemption's
+    # grace time the job still runs: requeued here (Slurm 22.05 does not requeue a job that ends
+    # within it; 24.05 and later do it themselves, which this sees). After a cancel or at the
+    # time limit it ends, and says how to bring the group back (common/job_env.sh).
+    course_requeue_or_end "$status" "heals from the live groups (or resumes from $FT_DIR/checkpoints)" \
+        "sbatch lessons/11_torchft/group.sh $FT_GROUP${train_args[*]:+ ${train_args[*]}}"
+fi
 ((status == 3)) || exit "$status"
 
 # Status 3: train_ft.py --slow-factor found this group's node slow (lesson 12), and the group

@@ -8,8 +8,10 @@ group, not across groups: a group whose all-reduce failed discards the step on i
 group that dies is dropped from the next quorum, the others go on; a group that (re)joins, or
 fell behind, copies the weights and the optimizer state from a live peer ("heals") and steps
 with them. With --ckpt-dir, one group at a time saves the state every --ckpt-every steps (DCP, as
-lesson 07), and a group that starts loads the newest: if every group and the lighthouse end at
-once, the next ones go on from there (with a live peer ahead of it, a group heals from it).
+lesson 07; ft_checkpoint.py), and a group that starts loads the newest: if every group and the
+lighthouse end at once, the next ones go on from there (with a live peer ahead of it, a group
+heals from it). A group sent SIGTERM (scancel, a preemption, the time limit) leaves between two
+steps and saves: the others lose no step, and the last to leave keeps the run.
 
 Without SLURM, on one machine (CPU, gloo), from the course root with the venv active:
     torchft_lighthouse --min_replicas 1 --join_timeout_ms 2000 --bind 127.0.0.1:29510 &
@@ -26,8 +28,6 @@ import hashlib
 import logging
 import os
 import platform
-import re
-import shutil
 import signal
 import socket
 import statistics
@@ -40,9 +40,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from ft_checkpoint import newest_checkpoint, resume, save  # beside this file
 
 from common.checkpoint import CheckpointError
 from common.env import LaunchError, resolve_launch_env
@@ -51,6 +50,7 @@ from common.mnist import MnistDataError, build_model, build_optimizer, load_data
 
 LIGHTHOUSE_VAR = "TORCHFT_LIGHTHOUSE"
 SICK_NODE_EXIT = 3  # "this group's node is slow: run the group elsewhere" (lesson 12)
+STOPPED_EXIT = 75  # "left on SIGTERM, between two steps": as lesson 05's train.py
 
 
 def say(text: str) -> None:
@@ -162,68 +162,6 @@ def state_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return digest.hexdigest()[:16]
 
 
-STEP_DIR = re.compile(r"step-(\d{8})")
-RECIPE = ("groups", "steps", "batch_size", "lr", "seed", "train_subset")  # what a resume must match
-
-
-def newest_checkpoint(root: Path) -> Path | None:
-    """The newest complete checkpoint folder under ``root`` (DCP writes .metadata last)."""
-    found = [(int(m[1]), p) for p in root.glob("step-*")
-             if (m := STEP_DIR.fullmatch(p.name)) and (p / ".metadata").is_file()]  # fmt: skip
-    return max(found)[1] if found else None
-
-
-def save(root: Path, args, manager, model, optimizer, scheduler) -> Path:
-    """The groups hold the same state after a committed step, so one group's copy is the
-    training's: the quorum's first group writes it, alone (no process group across the groups
-    here: DCP sees none initialised and writes as one process), to a folder of its own that is
-    renamed into place once complete. A group of several ranks would write one shard per rank."""
-    step = manager.current_step()
-    final, tmp = root / f"step-{step:08d}", root / f".step-{step:08d}.group{args.group}"
-    shutil.rmtree(tmp, ignore_errors=True)  # this group's save killed half-way
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # keyed by parameter name
-    progress = {"torchft": manager.state_dict(), "recipe": {k: getattr(args, k) for k in RECIPE}}
-    dcp.save({"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict(),
-              "progress": progress}, checkpoint_id=tmp)  # fmt: skip
-    if final.exists():  # written by another group in an earlier run of the same step
-        shutil.rmtree(tmp)
-    else:
-        tmp.rename(final)  # a folder rename is atomic: a group that resumes sees all or nothing
-    for old in sorted(p for p in root.glob("step-*") if STEP_DIR.fullmatch(p.name))[:-2]:
-        shutil.rmtree(old, ignore_errors=True)  # keep the last two
-    return final
-
-
-def resume(root: Path, args, manager, model, optimizer, scheduler) -> Path | None:
-    """Load the newest checkpoint, the Manager's step included: the first quorum then sees this
-    group at that step. If a live group is further on, the quorum heals this one from it; if
-    every group starts from here (all had ended), none heals and they go on from this step."""
-    path = newest_checkpoint(root)
-    if path is None:
-        return None
-    fix = f"delete {root} to start afresh, or give another --ckpt-dir (FT_DIR)"
-    progress = {"torchft": {"step": 0, "batches_committed": 0}, "recipe": dict.fromkeys(RECIPE)}
-    try:  # the small part first: another run's checkpoint is refused before any shape mismatch
-        dcp.load({"progress": progress}, checkpoint_id=path)
-    except (Exception, dcp.CheckpointException) as exc:  # the latter is a BaseException
-        cause = next(iter(exc.failures.values()))[0] if hasattr(exc, "failures") else exc
-        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0][:160]
-        raise CheckpointError(f"cannot read checkpoint {path} ({reason}); {fix}") from None
-    want = {k: getattr(args, k) for k in RECIPE}
-    if progress["recipe"] != want:
-        diff = ", ".join(f"{k}={progress['recipe'].get(k)} (this run: {want[k]})"
-                         for k in RECIPE if progress["recipe"].get(k) != want[k])  # fmt: skip
-        raise CheckpointError(f"checkpoint {path} is from another run: {diff}; {fix}")
-    model_sd, optim_sd = get_state_dict(model, optimizer)  # to be filled in place
-    state = {"model": model_sd, "optim": optim_sd, "scheduler": scheduler.state_dict()}
-    dcp.load(state, checkpoint_id=path)
-    set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optim"])  # fmt: skip
-    scheduler.load_state_dict(state["scheduler"])  # where the one-cycle was
-    manager.load_state_dict(progress["torchft"])
-    return path
-
-
 class SlowGroupWatch:
     """Lesson 12's straggler check, across the replica groups: the group whose steps compute
     ``factor`` times longer than the median of the other groups', ``windows`` windows in a row,
@@ -274,7 +212,7 @@ class SlowGroupWatch:
                 f"computes {' '.join(self.seen)} the other groups' median")
 
 
-def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> int:
+def train(args, manager, model, optimizer, scheduler, data, ft_optimizer, stop) -> int:
     from torchft import DistributedSampler
 
     train_x, train_y = data
@@ -299,6 +237,17 @@ def train(args, manager, model, optimizer, scheduler, data, ft_optimizer) -> int
     # goes into this group's output (faulthandler, lesson 06), and again at each such interval.
     stuck_s = 3 * dist_timeout().total_seconds() + 10
     while manager.current_step() < args.steps:
+        if stop:  # SIGTERM came: leave here, between two steps, where this group holds the
+            # state of a whole step (committed or discarded), and no peer waits on it inside
+            # an all-reduce: they drop it after the heartbeat timeout and lose no step.
+            say(f"{stop[0]} (scancel, a preemption, the time limit): leaving between steps "
+                f"{manager.current_step()} and {manager.current_step() + 1} | state "
+                f"{state_hash(model, optimizer)}; the other groups go on without it")
+            if args.ckpt_dir:  # every group that stops saves: the last to stop keeps the run
+                t_save = time.perf_counter()
+                path = save(args.ckpt_dir, args, manager, model, optimizer, scheduler)
+                say(f"checkpoint {path} in {time.perf_counter() - t_save:.2f} s (on {stop[0]})")
+            return STOPPED_EXIT
         faulthandler.dump_traceback_later(stuck_s, repeat=True)  # re-armed every step
         before = manager.current_step()
         ft_optimizer.zero_grad()  # the quorum for this step: joins, drops, heals happen here
@@ -439,12 +388,18 @@ def main(argv=None) -> int:
     say(f"asking for a quorum: the lighthouse forms one when its --min_replicas groups have "
         f"asked; each step waits up to {timeout.total_seconds():.0f} s (COURSE_DIST_TIMEOUT)")
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand: kill -USR1
+    # scancel, the time limit and a preemption send SIGTERM (SIGKILL follows after KillWait).
+    # Python would end at once, inside a step: the peers' all-reduce would break and they would
+    # discard it. The handler only notes it (it runs between two bytecodes of the main thread,
+    # after the call in flight returns); train() leaves at the next step's start.
+    stop: list[str] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signal.Signals(signum).name))
     try:
         if args.ckpt_dir and (resumed := resume(args.ckpt_dir, args, manager, model, optimizer,
                                                 scheduler)):  # fmt: skip
             say(f"resumed from {resumed}: step {manager.current_step()} | state "
                 f"{state_hash(model, optimizer)}")  # fmt: skip
-        status = train(args, manager, model, optimizer, scheduler, data, ft_optimizer)
+        status = train(args, manager, model, optimizer, scheduler, data, ft_optimizer, stop)
     except TimeoutError:  # raised from torchft's Rust client, with a traceback of threads
         newest = args.ckpt_dir and newest_checkpoint(args.ckpt_dir)
         kept = (f"; the newest checkpoint, {newest}, is where new groups resume" if newest
