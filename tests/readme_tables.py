@@ -224,6 +224,7 @@ NOT_RUN = {
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": (
         NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
     "scancel --signal=KILL <jobid>.0": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
+    "scancel <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_CRASH),
     "sbatch --nodes=1 --nodelist=<node> lessons/05_fault_tolerance/preempt.sh": (
         NEEDS_JOB, "a running group.sh's node", TORCHFT_CRASH),
     "bash cluster/crash_node.sh node2": (NEEDS_JOB, "a running group.sh's node", TORCHFT_CRASH),

@@ -339,6 +339,19 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
             print(f"preemption of group 1 on node3: it left {t_left:.1f} s after the urgent "
                   f"job's submission (step {left[1]}), healed at step {healed[1]} after "
                   f"{t_back:.1f} s")  # fmt: skip
+
+            # A plain scancel of group 1's job: it leaves the same way, and the job ends
+            # CANCELLED, not requeued, with the line to bring the group back.
+            slurm("scancel", g1)
+            assert wait_job(g1, timeout=GUARD_S)[0] == "CANCELLED"
+            last = out("group", g1).rpartition("run 2 on ")[2]
+            left = LEFT.search(last)
+            assert left and "saved, not requeued. To go on later: sbatch lessons/11_torchft/" \
+                "group.sh 1" in last, last  # fmt: skip
+            drops = wait_for("group 0 alone once more", lambda: re.findall(
+                r"participants 2 -> 1 at step (\d+)", out("group", g0))[2:], GUARD_S)  # fmt: skip
+            assert int(drops[0]) == int(left[1]), (drops, left[0])
+            assert out("group", g0).count("discarded") == discarded, out("group", g0)[-3000:]
             print(crash("--back", node))
             crashed.clear()
             wait_for(f"{node} back in service", lambda: "down" not in node_state(node), GUARD_S)

@@ -9,8 +9,9 @@
 #   lh=$(sbatch --parsable lessons/11_torchft/lighthouse.sh) && echo "lighthouse: job $lh"
 #   sbatch --dependency=after:$lh lessons/11_torchft/group.sh 0    # group 0 of 2
 #   sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1    # group 1 of 2, another node
-#   scancel --signal=KILL <group 1's job>          # a group dies; group 0 trains on alone
+#   scancel --signal=KILL <group 1's job>.0        # its training killed; group 0 trains on alone
 #   sbatch lessons/11_torchft/group.sh 1           # its replacement heals from group 0
+#   scancel <group 1's job>                        # SIGTERM: the group saves and leaves
 #   SUBSET=4096 STEPS=500 sbatch lessons/11_torchft/group.sh 0   # quicker: fewer images, steps
 #
 # Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...). With
@@ -97,7 +98,16 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $
 trap : TERM
 status=0
 srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/train_ft.py" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@" || status=$?
-if ((status == 0)); then echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"; fi
+if ((status == 0)); then
+    # srun ends with 0 also when Slurm ended the step itself (the node failed): then the job
+    # has been requeued (its Restarts went up), and the training did not finish.
+    read -r state restarts <<<"$(course_job_state)"
+    if ((${restarts:-0} > ${SLURM_RESTART_COUNT:-0})); then
+        echo "=== $(date -u '+%T') job $SLURM_JOB_ID was requeued by Slurm (JobState=$state, Restarts=$restarts: its node failed): it runs again and heals from the live groups"
+        exit 0
+    fi
+    echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
+fi
 if ((status == 75 || status == 143)); then
     # The group left on SIGTERM (143: before train_ft.py set its handler). Within a preemption's
     # grace time the job still runs: requeued here (Slurm 22.05 does not requeue a job that ends
