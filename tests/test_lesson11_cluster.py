@@ -54,6 +54,18 @@ def node_state(node: str) -> str:
     return slurm("sinfo", "-h", "-n", node, "-o", "%T")
 
 
+def same_state_after(out, healed: int, survivor: str, healer: str) -> str:
+    """Both groups' state hashes at the first logged step (every 25) after HEALED are equal;
+    the healer's output. OUT(name, job) reads a job's output file."""
+    step = (healed // 25 + 1) * 25
+    for g in (survivor, healer):
+        wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
+            out("group", g)), GUARD_S)  # fmt: skip
+    text0, text1 = out("group", survivor), out("group", healer)
+    assert hashes(text1)[step] == hashes(text0)[step], (text0, text1)
+    return text1
+
+
 @pytest.mark.lesson11  # run only by make test-slurm's last pass (tests/lanes.py)
 @pytest.mark.timeout(2400)
 def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, cluster_lock,
@@ -79,17 +91,6 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
     def out(name, job) -> str:
         path = Path(tmp_path) / f"{name}-{job}.out"
         return path.read_text(errors="replace") if path.exists() else ""
-
-    def same_state_after(healed: int, survivor: str, healer: str) -> str:
-        """Both groups' state hashes at the first logged step after HEALED are equal; the
-        healer's output."""
-        step = (healed // 25 + 1) * 25
-        for g in (survivor, healer):
-            wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
-                out("group", g)), GUARD_S)  # fmt: skip
-        text0, text1 = out("group", survivor), out("group", healer)
-        assert hashes(text1)[step] == hashes(text0)[step], (text0, text1)
-        return text1
 
     with cluster_lock():
         run_up("--site", SITE)
@@ -150,7 +151,7 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             assert ended_other == "NODE_FAIL", (ended_other, record_other)
             assert int(record_other.get("Restarts", 0)) == 0, record_other
             assert int(healed[1]) > int(gone[1])
-            text1 = same_state_after(int(healed[1]), g0, g1)
+            text1 = same_state_after(out, int(healed[1]), g0, g1)
             # srun's line, or slurmstepd's (whichever got out before the step ended, or both)
             assert re.search("node failure", text1, re.I) and "run 1 on " in text1, text1
 
@@ -166,7 +167,7 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             g1b = sbatch(GROUP, "1", name="group")
             healed = wait_for("the new group 1 to heal", lambda: re.search(
                 r"healed: step \d+ -> (\d+)", out("group", g1b)), GUARD_S)  # fmt: skip
-            same_state_after(int(healed[1]), g0, g1b)
+            same_state_after(out, int(healed[1]), g0, g1b)
             print(f"group 1's replacement healed at step {healed[1]} of {shorter['STEPS']}")
 
             # Everything ends: the groups and the lighthouse cancelled, once the two groups have
@@ -238,8 +239,12 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
     came between all-reduces), and steps alone; slurmctld sets the node DOWN only after
     SlurmdTimeout (60 s) and requeues the group's job, which runs on a third node while the
     crashed one stays down (as a site keeps a crashed node out until someone has looked at it)
-    and heals from group 0, bit for bit. Then the node comes back (crash_node.sh --back). What
-    each took is printed.
+    and heals from group 0, bit for bit. Then that group is preempted (lesson 05's preempt.sh
+    on its node): it leaves between two steps on SIGTERM, its job is requeued (by group.sh on
+    Slurm 22.05, within the grace time) and heals again, group 0 going on at the step it left
+    with no step discarded; then a plain scancel of its job, which leaves the same way and
+    ends CANCELLED with the line to bring it back. Last, the node comes back (crash_node.sh
+    --back). What each took is printed.
 
     A third node, not the crashed one back: --back continues the node's slurmd where a reboot
     would start a new one, and on Slurm 26.05 a job requeued onto that node then failed to launch
@@ -298,11 +303,7 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
             t_healed = time.monotonic() - t0
             record = job_record(g1)
             assert int(record["Restarts"]) == 1 and record["NodeList"] == "node3", record
-            step = (int(healed[1]) // 25 + 1) * 25
-            for g in (g0, g1):
-                wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
-                    out("group", g)), GUARD_S)  # fmt: skip
-            assert hashes(out("group", g0))[step] == hashes(out("group", g1))[step]
+            same_state_after(out, int(healed[1]), g0, g1)
             print(f"crash of {node}: group 0 stepping alone after {t_lost:.1f} s (at step "
                   f"{lost[1]}, {how}), {node} DOWN after {t_down:.1f} s, the requeued group "
                   f"healed on node3 at step {healed[1]} after {t_healed:.1f} s")  # fmt: skip
@@ -331,11 +332,7 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
                 GUARD_S)  # fmt: skip
             t_back = time.monotonic() - t1
             assert int(job_record(g1)["Restarts"]) == 2, job_record(g1)
-            step = (int(healed[1]) // 25 + 1) * 25
-            for g in (g0, g1):
-                wait_for(f"job {g}'s state after step {step}", lambda g=g: step in hashes(
-                    out("group", g)), GUARD_S)  # fmt: skip
-            assert hashes(out("group", g0))[step] == hashes(out("group", g1))[step]
+            same_state_after(out, int(healed[1]), g0, g1)
             print(f"preemption of group 1 on node3: it left {t_left:.1f} s after the urgent "
                   f"job's submission (step {left[1]}), healed at step {healed[1]} after "
                   f"{t_back:.1f} s")  # fmt: skip
