@@ -53,8 +53,10 @@ def torchft_figures(folder: Path, timeline) -> dict:
     t_down, down_text = event(timeline, "DOWN")
     t_back, back_text = event(timeline, "state of", after=t_down)
     # The lines are stamped when read (every 0.1 s): a step that ended just before the DOWN may
-    # carry a later stamp, so "before" and "after" are split at the step the failure discarded.
-    cut = next(i for i, (t, text) in enumerate(g0) if t >= t_down and "discarded" in text)
+    # carry a later stamp, so "before" and "after" are split at the step the failure discarded,
+    # or, when it came between two all-reduces (none discarded), where group 0 went on alone.
+    cut = next(i for i, (t, text) in enumerate(g0) if t >= t_down
+               and ("discarded" in text or "participants 2 -> 1" in text))  # fmt: skip
     before, after = ft_steps(g0[:cut]), ft_steps(g0[cut:])
     steps0 = before + after
     two = (before[-1][0] - before[-51][0]) / 50  # the mean step of the last 50 with 2 groups
