@@ -248,6 +248,27 @@ MUTATIONS = (
         "without the handler Python ends at SIGTERM inside a step, as at SIGKILL: nothing saved, "
         "the group's status is -15, not 75, and the survivor may discard the step in flight"),
     Mutation(
+        "l11-fsdp-no-cross-group-allreduce", "lessons/11_torchft/train_ft_fsdp.py",
+        "        if manager.allreduce(flat).wait():", "        if False:",
+        ("tests/test_lesson11_fsdp.py::"
+         "test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank",),
+        "each group steps on its own gradients: rank r of one group and rank r of the other "
+        "hold different shards after the first step"),
+    Mutation(
+        "l11-fsdp-not-sharded", "lessons/11_torchft/train_ft_fsdp.py",
+        "    fully_shard(model)  # over", "    pass  # over",
+        ("tests/test_lesson11_fsdp.py::"
+         "test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank",),
+        "every rank holds the whole model and trains it alone: the ranks' parts are not halves "
+        "of one model"),
+    Mutation(
+        "l11-fsdp-heal-skips-weights", "lessons/11_torchft/train_ft_fsdp.py",
+        '                local(p).copy_(state["model"][n])', "                pass",
+        ("tests/test_lesson11_fsdp.py::"
+         "test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank",),
+        "a healed rank takes its peer's AdamW state and step but keeps its initial weights: its "
+        "shard differs from its peer's from then on"),
+    Mutation(
         "l12-bn-not-restored", "lessons/12_sick_node/train.py",
         "                    b.copy_(before)", "                    pass",
         ("tests/test_lesson12.py::test_a_nan_is_skipped_on_every_rank_as_a_planned_skip_is",),

@@ -157,8 +157,8 @@ def test_bad_lighthouse_or_too_few_groups_is_one_line(tmp_path):
         # A group of two processes (as srun --ntasks=2 would start it): refused before torchft.
         runs.append((clean_environ(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
                                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port())),
-                     "this lesson's replica groups are one process each, this one has 2: start "
-                     "group.sh with --ntasks=1"))  # fmt: skip
+                     "train_ft.py's replica groups are one process each, this one has 2: a "
+                     "group of several ranks runs train_ft_fsdp.py"))  # fmt: skip
         command = [sys.executable, str(TRAIN), "--group", "0", "--train-subset", "512"]
         started = [subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True)

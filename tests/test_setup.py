@@ -146,6 +146,13 @@ VARIANTS = {
          "lighthouse = lighthouse_address()", 'device = torch.device("cpu")',
          "data = load_data(device, args.train_subset)[:2]",
          "except (LaunchError, MnistDataError) as exc:", *LAUNCH_ERROR[1:]]),
+    "lessons/11_torchft/train_ft_fsdp.py": (
+        "torchft's import, the lighthouse and the data are checked in the same try, before the "
+        "group's own process group",
+        ["env = None", "try:", "import_torchft()", "env = resolve_launch_env()", CHECK, ANY,
+         *THREADS, "lighthouse = lighthouse_address()", *DEVICE,
+         "data = load_data(device, args.train_subset)[:2]", *GROUP,
+         "except (LaunchError, MnistDataError) as exc:", *LAUNCH_ERROR[1:], *GROUP_ERROR]),
     "tests/test_setup.py:SETUP": (
         "a script's top level", [*REFERENCE[:-6], "except LaunchError as exc:",
                                  'sys.exit(f"error: {exc}")', "except dist.DistError as exc:",

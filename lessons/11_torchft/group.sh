@@ -13,7 +13,11 @@
 #   sbatch lessons/11_torchft/group.sh 1           # its replacement heals from group 0
 #   scancel <group 1's job>                        # SIGTERM: the group saves and leaves
 #   SUBSET=4096 STEPS=500 sbatch lessons/11_torchft/group.sh 0   # quicker: fewer images, steps
+#   sbatch --ntasks=2 lessons/11_torchft/group.sh 0    # a group of 2 ranks, the model sharded
 #
+# A job of one task runs train_ft.py (a group is one process); a job of several tasks (one per
+# GPU on a GPU node: --ntasks-per-node=<its GPUs>, on one node or more) runs train_ft_fsdp.py,
+# whose ranks shard the model inside the group (FSDP2) while torchft averages across groups.
 # Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...). With
 # --slow-factor F (lesson 12), a group whose node computes F times slower than the other groups'
 # leaves (status 3), and this script submits its replacement, without that node.
@@ -29,7 +33,7 @@
 #
 #SBATCH --job-name=ft-group
 #SBATCH --nodes=1
-#SBATCH --ntasks=1                 # one process per group here
+#SBATCH --ntasks=1                 # one process per group here; --ntasks=N: a group of N ranks
 #SBATCH --gres=gpu:2               # the node's GPUs: one group per node, so a node lost is one group
 #SBATCH --cpus-per-task=2
 #SBATCH --mem=4G
@@ -57,6 +61,11 @@ course_subset || exit 2
 FT_DIR=${FT_DIR:-$COURSE_ROOT/runs/torchft}
 CKPT_EVERY=${CKPT_EVERY:-100}
 [[ $CKPT_EVERY =~ ^[0-9]+$ ]] || { echo "error: CKPT_EVERY='$CKPT_EVERY' is not a whole number of steps: e.g. CKPT_EVERY=100, or 0 for no checkpoints" >&2; exit 2; }
+script=train_ft.py
+if ((${SLURM_NTASKS:-1} > 1)); then
+    # Several ranks: train_ft_fsdp.py, which keeps no checkpoint on disk (train_ft.py shows it).
+    script=train_ft_fsdp.py CKPT_EVERY=0
+fi
 ((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
 
 # The lighthouse's address: given, or the one in the file its job writes, once squeue shows that
@@ -97,7 +106,9 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $
 # 75. Trapped here only so that this shell waits for that rather than end first.
 trap : TERM
 status=0
-srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/train_ft.py" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@" || status=$?
+# --kill-on-bad-exit: a rank that dies ends the group's other ranks at once (they would wait in
+# the group's collectives until their timeout); the other groups go on without this one.
+srun --kill-on-bad-exit=1 --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/11_torchft/$script" --group "$FT_GROUP" --groups "$GROUPS_N" --steps "$STEPS" "$@" || status=$?
 if ((status == 0)); then
     # srun ends with 0 also when Slurm ended the step itself (the node failed): then the job
     # has been requeued (its Restarts went up), and the training did not finish.

@@ -320,8 +320,9 @@ def main(argv=None) -> int:
         env = resolve_launch_env()
         check_launch(env)  # the store's address and port: one line now, not a hang
         if env.world_size != 1:
-            raise LaunchError(f"this lesson's replica groups are one process each, this one has "
-                              f"{env.world_size}: start group.sh with --ntasks=1")  # fmt: skip
+            raise LaunchError(f"train_ft.py's replica groups are one process each, this one has "
+                              f"{env.world_size}: a group of several ranks runs train_ft_fsdp.py "
+                              f"(group.sh picks it for a job of several tasks)")  # fmt: skip
         torch.set_num_threads(cpu_threads(env))
         lighthouse = lighthouse_address()
         device = torch.device("cpu")
