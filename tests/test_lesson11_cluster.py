@@ -23,7 +23,9 @@ cluster is put back in its default profile.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -367,3 +369,100 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
             for job in jobs:
                 wait_job(job, timeout=GUARD_S)
             run_up()
+
+
+def task_pid(job: str, rank: int) -> int:
+    """The process of task RANK of JOB's first step: found by its environment (the nodes are
+    this machine's processes), as a node's admin would find it with ps."""
+    for proc in Path("/proc").iterdir():
+        try:
+            environ = (proc / "environ").read_bytes().split(b"\0")
+            cmdline = (proc / "cmdline").read_bytes()
+        except OSError:  # gone, or not a process
+            continue
+        if (b"train_ft_fsdp.py" in cmdline and f"SLURM_JOB_ID={job}".encode() in environ
+                and f"SLURM_PROCID={rank}".encode() in environ):  # fmt: skip
+            # The task itself, slurmstepd's child (not a child of its own with its environment)
+            parent = (proc / "stat").read_text().rpartition(")")[2].split()[1]
+            if Path(f"/proc/{parent}/comm").read_text().strip() == "slurmstepd":
+                return int(proc.name)
+    raise AssertionError(f"no task {rank} of job {job} running train_ft_fsdp.py")
+
+
+@pytest.mark.lesson11  # run only by make test-slurm's last pass (tests/lanes.py)
+@pytest.mark.timeout(900)
+def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster_lock, tmp_path):
+    """group.sh with --ntasks=2, as the README types it: each group a job of two tasks running
+    train_ft_fsdp.py (the model sharded over them) on a node of its own. One rank of group 1
+    killed (SIGKILL to its process, as a crash of that process): srun's --kill-on-bad-exit ends
+    the other rank at once (without it, it would wait in the group's collectives for its timeout,
+    600 s), the job ends FAILED; group 0 steps on alone; a new job of group 1 (the same line)
+    heals: each rank from its peer rank, then holding what that rank holds, bit for bit. Then a
+    plain scancel of it: both ranks leave before the same step, and the job says how to bring
+    the group back."""
+    env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}  # stopped by the test
+    jobs: list[str] = []
+
+    def sbatch(*args) -> str:
+        job = slurm("sbatch", "--parsable", f"--output={tmp_path}/%j.out", *args, env=env)
+        jobs.append(job)
+        return job
+
+    def out(job) -> str:
+        path = Path(tmp_path) / f"{job}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def shards(job: str, rank: int) -> dict[int, str]:
+        return {int(m[1]): m[2] for m in re.finditer(
+            rf"\[group \d rank {rank}\] step (\d+)/\d+ \|.* \| shard (\w+)$", out(job), re.M)}
+
+    with cluster_lock():
+        run_up()
+        try:
+            lh = sbatch(LIGHTHOUSE)
+            g0 = sbatch(f"--dependency=after:{lh}", "--ntasks=2", GROUP, "0")
+            g1 = sbatch(f"--dependency=after:{lh}", "--ntasks=2", GROUP, "1")
+            wait_for("both groups stepping together", lambda: re.search(
+                r"\[group 1 rank 1\] step \d+/\d+ \| groups 2", out(g1)), GUARD_S)  # fmt: skip
+            records = {g: job_record(g) for g in (g0, g1)}
+            assert records[g0]["NodeList"] != records[g1]["NodeList"], records
+            assert all(r["NumTasks"] == "2" for r in records.values()), records
+            killed = time.monotonic()
+            os.kill(task_pid(g1, 1), signal.SIGKILL)
+            state = wait_job(g1, timeout=GUARD_S)[0]
+            took = time.monotonic() - killed
+            assert state == "FAILED" and took < 30, (state, took, out(g1)[-3000:])
+            assert "a rank of group 1 failed (srun's lines above)" in out(g1), out(g1)[-3000:]
+            assert "To bring the group back: sbatch --ntasks=2 lessons/11_torchft/group.sh 1" \
+                in out(g1), out(g1)[-3000:]  # fmt: skip
+            gone = wait_for("group 0 alone", lambda: re.search(
+                r"\[group 0 rank 0\] groups 2 -> 1 at step (\d+)", out(g0)), GUARD_S)  # fmt: skip
+            g1b = sbatch("--ntasks=2", GROUP, "1")
+            healed = [wait_for(f"rank {r} of the new group 1 to heal", lambda r=r: re.search(
+                rf"\[group 1 rank {r}\] healed: step \d+ -> (\d+)", out(g1b)), GUARD_S)
+                for r in range(2)]  # fmt: skip
+            assert healed[0][1] == healed[1][1] and int(healed[0][1]) > int(gone[1]), healed
+            common = (int(healed[0][1]) // 25 + 1) * 25  # the first logged step after it
+            for job in (g0, g1b):
+                for r in range(2):
+                    wait_for(f"step {common} of rank {r}", lambda job=job, r=r: common in
+                             shards(job, r), GUARD_S)  # fmt: skip
+            for r in range(2):
+                assert shards(g1b, r)[common] == shards(g0, r)[common], (out(g0), out(g1b))
+            assert shards(g0, 0)[common] != shards(g0, 1)[common]  # two parts of one model
+            # A plain scancel of the new group 1: both ranks leave before the same step, and the
+            # job ends with the line that brings the group back, its --ntasks included.
+            slurm("scancel", g1b)
+            assert wait_job(g1b, timeout=GUARD_S)[0] == "CANCELLED"
+            left = re.findall(r"\[group 1 rank \d\] SIGTERM .*? the group leaves between steps "
+                              r"(\d+) and", out(g1b))  # fmt: skip
+            assert len(left) == 2 and left[0] == left[1], out(g1b)[-3000:]
+            assert "To go on later: sbatch --ntasks=2 lessons/11_torchft/group.sh 1" in out(g1b)
+            print(f"groups of 2 ranks: group 1's job ended {took:.1f} s after its rank 1 was "
+                  f"killed; group 0 alone at step {gone[1]}; the new group 1 healed both ranks "
+                  f"at step {healed[0][1]}, equal at step {common}")  # fmt: skip
+        finally:
+            for job in jobs:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+            for job in jobs:
+                wait_job(job, timeout=GUARD_S)

@@ -3,19 +3,21 @@ ranks (gloo on loopback, each rank a process as srun starts it, a real lighthous
 group the ranks shard the model (FSDP2: each holds part of it); across the groups rank r
 averages with rank r. A group is killed whole (srun --kill-on-bad-exit ends a dying rank's
 peers), the other steps on alone, and each rank of the group started again heals its own shard
-from its peer rank: then every rank holds what its peer holds, bit for bit. The cluster's
+from its peer rank: then every rank holds what its peer holds, bit for bit. Sent SIGTERM
+(scancel), both ranks of a group leave before the same step, with status 75. The cluster's
 version is in tests/test_lesson11_cluster.py.
 """
 
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 
 import pytest
 from helpers import require_torchft
-from test_lesson11 import LESSON, ROOT, Log, free_port, lighthouse, stop
+from test_lesson11 import GUARD_S, LESSON, ROOT, Log, free_port, lighthouse, stop
 
 require_torchft()
 pytestmark = pytest.mark.lesson11  # five processes for ~40 s on 2 cores: lesson 11's lane
@@ -23,6 +25,8 @@ pytestmark = pytest.mark.lesson11  # five processes for ~40 s on 2 cores: lesson
 FSDP = LESSON / "train_ft_fsdp.py"
 SHARD = re.compile(r"\[group \d rank \d\] step (\d+)/\d+ \| groups \d \| loss ([\d.]+) \|.* "
                    r"\| shard (\w+)$", re.M)  # fmt: skip
+LEFT = re.compile(r"SIGTERM \(scancel, a preemption, the time limit\): the group leaves between "
+                  r"steps (\d+) and")  # fmt: skip
 HOLDS = re.compile(r"holding (\d+) of the model's (\d+) parameters")
 
 
@@ -67,6 +71,10 @@ def test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank(tmp_path):
         common = max(int(log.wait_for(SHARD.pattern, live)[1]) for log in g1b)
         for log in g0 + g1b:
             log.wait_for(rf"step {common}/\d+ \|", live)
+        for proc in p1b:  # SIGTERM (scancel): every rank of the group leaves at the same step
+            proc.send_signal(signal.SIGTERM)
+        for proc in p1b:
+            proc.wait(timeout=GUARD_S)
     finally:
         stop(procs)
     assert healed[0][2] == healed[1][2] and int(healed[0][2]) > gone, healed
@@ -81,6 +89,9 @@ def test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank(tmp_path):
         before, alive = shards(g1[rank].text()), shards(g0[rank].text())
         assert before[together] == alive[together], (g1[rank].text(), g0[rank].text())
     assert shards(g0[0].text())[common] != shards(g0[1].text())[common]  # different parts
+    left = [LEFT.search(log.text()) for log in g1b]
+    assert [p.returncode for p in p1b] == [75, 75] and all(left), [log.text() for log in g1b]
+    assert left[0][1] == left[1][1], (left[0][0], left[1][0])
     # It learns: the survivor's rank 0 losses from step 60 on (one batch of 32 each), averaged,
     # well below ln 10 = 2.3 (untrained).
     late = [float(m[2]) for m in SHARD.finditer(g0[0].text()) if int(m[1]) >= 60]

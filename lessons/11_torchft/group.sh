@@ -61,10 +61,10 @@ course_subset || exit 2
 FT_DIR=${FT_DIR:-$COURSE_ROOT/runs/torchft}
 CKPT_EVERY=${CKPT_EVERY:-100}
 [[ $CKPT_EVERY =~ ^[0-9]+$ ]] || { echo "error: CKPT_EVERY='$CKPT_EVERY' is not a whole number of steps: e.g. CKPT_EVERY=100, or 0 for no checkpoints" >&2; exit 2; }
-script=train_ft.py
+script=train_ft.py ranks_option=""
 if ((${SLURM_NTASKS:-1} > 1)); then
     # Several ranks: train_ft_fsdp.py, which keeps no checkpoint on disk (train_ft.py shows it).
-    script=train_ft_fsdp.py CKPT_EVERY=0
+    script=train_ft_fsdp.py CKPT_EVERY=0 ranks_option="--ntasks=$SLURM_NTASKS"
 fi
 ((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
 
@@ -103,8 +103,9 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $
      "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE (job $lighthouse_job)"
 # scancel and the time limit send SIGTERM to this shell as well as to the tasks (a preemption
 # first to the tasks alone): train_ft.py leaves between two steps, saves and ends with status
-# 75. Trapped here only so that this shell waits for that rather than end first.
-trap : TERM
+# 75. Trapped here so that this shell waits for that rather than end first, and knows it.
+terminated=""
+trap 'terminated=yes' TERM
 status=0
 # --kill-on-bad-exit: a rank that dies ends the group's other ranks at once (they would wait in
 # the group's collectives until their timeout); the other groups go on without this one.
@@ -119,13 +120,20 @@ if ((status == 0)); then
     fi
     echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
 fi
+if ((status == 143 && ${SLURM_NTASKS:-1} > 1)) && [[ -z $terminated ]]; then
+    # srun's status is the highest signal among its tasks' ends (_task_finish in Slurm's
+    # src/srun/launch.c): a rank that died, and the others ended by --kill-on-bad-exit's
+    # SIGTERM, give 143 as a SIGTERM to the job would. This shell got none: a rank failed.
+    echo "=== $(date -u '+%T') a rank of group $FT_GROUP failed (srun's lines above) and srun ended the others: job $SLURM_JOB_ID ends here, the other groups go on. To bring the group back: sbatch $ranks_option lessons/11_torchft/group.sh $FT_GROUP${train_args[*]:+ ${train_args[*]}}"
+    exit 1
+fi
 if ((status == 75 || status == 143)); then
     # The group left on SIGTERM (143: before train_ft.py set its handler). Within a preemption's
     # grace time the job still runs: requeued here (Slurm 22.05 does not requeue a job that ends
     # within it; 24.05 and later do it themselves, which this sees). After a cancel or at the
     # time limit it ends, and says how to bring the group back (common/job_env.sh).
     course_requeue_or_end "$status" "heals from the live groups (or resumes from $FT_DIR/checkpoints)" \
-        "sbatch lessons/11_torchft/group.sh $FT_GROUP${train_args[*]:+ ${train_args[*]}}"
+        "sbatch ${ranks_option:+$ranks_option }lessons/11_torchft/group.sh $FT_GROUP${train_args[*]:+ ${train_args[*]}}"
 fi
 ((status == 3)) || exit "$status"
 

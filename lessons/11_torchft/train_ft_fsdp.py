@@ -18,8 +18,9 @@ groups of two ranks, each group a torchrun of its own (its own store port):
     torchrun --nproc-per-node 2 --master-port 29530 lessons/11_torchft/train_ft_fsdp.py \\
         --group 1 --steps 300
 
-Left to train_ft.py (the one-process form, where each is shown on its own): the checkpoint on
-disk, leaving on SIGTERM, lesson 12's slow-group check.
+A group sent SIGTERM leaves between two steps, every rank at the same step. Left to train_ft.py
+(the one-process form, where each is shown on its own): the checkpoint on disk, lesson 12's
+slow-group check.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
+import signal
 import socket
 import sys
 import time
@@ -37,7 +39,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
-from train_ft import import_torchft, ipv6_hint, lighthouse_address  # beside this file
+from train_ft import STOPPED_EXIT, import_torchft, ipv6_hint, lighthouse_address  # beside this file
 
 from common.env import LaunchError, resolve_launch_env
 from common.launch import (
@@ -100,7 +102,7 @@ def shard_hash(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> str:
     return digest.hexdigest()[:16]
 
 
-def train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer) -> int:
+def train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer, stop) -> int:
     from torchft import DistributedSampler
 
     train_x, train_y = data
@@ -115,7 +117,20 @@ def train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer) -
     epoch, shard = -1, None
     params = list(model.parameters())
     participants, t_mark, step_mark = 0, time.perf_counter(), manager.current_step()
+    device = data[0].device
     while manager.current_step() < args.steps:
+        # SIGTERM (scancel, a preemption, the time limit) reaches every rank at about the same
+        # moment, not at the same step: the ranks agree here, in one small all-reduce inside
+        # the group, to leave before the same step (a rank that left alone would leave the
+        # others waiting in its collectives). The other groups drop this one after the
+        # heartbeat timeout and lose no step.
+        leaving = torch.tensor([1.0 if stop else 0.0], device=device)
+        dist.all_reduce(leaving, op=dist.ReduceOp.MAX)
+        if leaving.item():
+            say(f"SIGTERM (scancel, a preemption, the time limit): the group leaves between "
+                f"steps {manager.current_step()} and {manager.current_step() + 1} | shard "
+                f"{shard_hash(model, optimizer)}; the other groups go on without it")
+            return STOPPED_EXIT
         before = manager.current_step()
         ft_optimizer.zero_grad()  # the quorum: every rank of the group gets the same answer
         step = manager.current_step()
@@ -261,12 +276,20 @@ def main(argv=None) -> int:
     say(f"on {socket.gethostname()} ({device}), {env.world_size} ranks in this group, holding "
         f"{mine} of the model's {sum(p.numel() for p in model.parameters())} parameters; data "
         f"shard {args.group} of {args.groups}, batch {args.batch_size} per rank")
+    # Noted only, acted on at the next step's start by every rank together (train()).
+    stop: list[str] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signal.Signals(signum).name))
     try:
-        return train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer)
+        return train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer, stop)
     except TimeoutError:
         print(f"error: no quorum within {timeout.total_seconds():.0f} s at step "
               f"{manager.current_step()}: is the lighthouse job still running? "
               f"(a longer wait: COURSE_DIST_TIMEOUT=<seconds>)", file=sys.stderr, flush=True)
+        return 1
+    except (dist.DistError, RuntimeError) as exc:  # gloo's or NCCL's: a rank of the group died
+        print(f"error: a rank of group {args.group} failed during a step "
+              f"({(str(exc) or repr(exc)).splitlines()[0][:160]}): the group ends (srun "
+              f"--kill-on-bad-exit); the other groups go on", file=sys.stderr, flush=True)
         return 1
     finally:
         manager.shutdown(wait=False)
