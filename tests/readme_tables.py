@@ -70,6 +70,8 @@ TORCHFT_JOBS = ("tests/test_lesson11_cluster.py::"
                 "test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit")
 TORCHFT_CRASH = ("tests/test_lesson11_cluster.py::"
                  "test_a_crashed_node_is_found_by_timeouts_and_its_group_heals")
+TORCHFT_RANKS = ("tests/test_lesson11_cluster.py::"
+                 "test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank")
 KEEP_JOB = "tests/test_lesson10.py::test_keep_job"
 SICK_MOVE = ("tests/test_lesson12.py::"
              "test_a_slowed_node_is_named_and_the_job_finishes_without_it")
@@ -134,6 +136,7 @@ AS_WRITTEN_BY = {
     "sbatch lessons/10_fit_and_keep/keep.sh": KEEP_JOB,
     "sbatch lessons/10_fit_and_keep/reshard.sh": "tests/test_lesson10.py::test_reshard_job",
     "sbatch lessons/11_torchft/group.sh 1": TORCHFT_JOBS,
+    "sbatch --ntasks=2 lessons/11_torchft/group.sh 1": TORCHFT_RANKS,
     "sbatch lessons/12_sick_node/job.sh": SICK_MOVE,
     "sbatch lessons/12_sick_node/job.sh --fault nan --fault-node node2": SICK_NOWHERE,
     "sbatch lessons/12_sick_node/job.sh --fault bitflip --fault-node node2": SICK_NOWHERE,
@@ -223,6 +226,10 @@ NOT_RUN = {
         NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": (
         NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_JOBS),
+    "sbatch --dependency=after:$lh --ntasks=2 lessons/11_torchft/group.sh 0": (
+        NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_RANKS),
+    "sbatch --dependency=after:$lh --ntasks=2 lessons/11_torchft/group.sh 1": (
+        NEEDS_JOB, "the lighthouse's ($lh)", TORCHFT_RANKS),
     "scancel --signal=KILL <jobid>.0": (NEEDS_JOB, "a running group.sh's", TORCHFT_JOBS),
     "scancel <jobid>": (NEEDS_JOB, "a running group.sh's", TORCHFT_CRASH),
     "sbatch --nodes=1 --nodelist=<node> lessons/05_fault_tolerance/preempt.sh": (
@@ -294,6 +301,8 @@ JOB_ENDS = {
     "lh=$(sbatch --parsable lessons/11_torchft/lighthouse.sh)": "CANCELLED",
     # Lesson 11: group 1's first job, its step killed by the student's `scancel --signal=KILL`.
     "sbatch --dependency=after:$lh lessons/11_torchft/group.sh 1": "FAILED",
+    # Lesson 11: the same, of two ranks, one of them killed (srun ends the other).
+    "sbatch --dependency=after:$lh --ntasks=2 lessons/11_torchft/group.sh 1": "FAILED",
     # Lesson 12: each names node2, saves and exits 3 (then moves, where a node is left).
     "sbatch lessons/12_sick_node/job.sh": "FAILED",
     "sbatch lessons/12_sick_node/job.sh --fault nan --fault-node node2": "FAILED",

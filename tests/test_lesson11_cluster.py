@@ -397,10 +397,12 @@ def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster
     killed (SIGKILL to its process, as a crash of that process): srun's --kill-on-bad-exit ends
     the other rank at once (without it, it would wait in the group's collectives for its timeout,
     600 s), the job ends FAILED; group 0 steps on alone; a new job of group 1 (the same line)
-    heals: each rank from its peer rank, then holding what that rank holds, bit for bit. Then a
-    plain scancel of it: both ranks leave before the same step, and the job says how to bring
-    the group back."""
-    env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}  # stopped by the test
+    heals: each rank from its peer rank, then holding what that rank holds, bit for bit; both
+    groups run to the last step and end COMPLETED with the same shards. (A plain scancel of such
+    a group, both ranks leaving before the same step: tests/test_lesson11_fsdp.py.)"""
+    # Group 0 steps alone at about 23 steps a second while the new group 1 starts (11 s here):
+    # 1200 steps leave it three times that before it would end with nothing left to heal from.
+    env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "1200"}
     jobs: list[str] = []
 
     def sbatch(*args) -> str:
@@ -450,14 +452,11 @@ def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster
             for r in range(2):
                 assert shards(g1b, r)[common] == shards(g0, r)[common], (out(g0), out(g1b))
             assert shards(g0, 0)[common] != shards(g0, 1)[common]  # two parts of one model
-            # A plain scancel of the new group 1: both ranks leave before the same step, and the
-            # job ends with the line that brings the group back, its --ntasks included.
-            slurm("scancel", g1b)
-            assert wait_job(g1b, timeout=GUARD_S)[0] == "CANCELLED"
-            left = re.findall(r"\[group 1 rank \d\] SIGTERM .*? the group leaves between steps "
-                              r"(\d+) and", out(g1b))  # fmt: skip
-            assert len(left) == 2 and left[0] == left[1], out(g1b)[-3000:]
-            assert "To go on later: sbatch --ntasks=2 lessons/11_torchft/group.sh 1" in out(g1b)
+            for job in (g0, g1b):  # both to the last step, alike
+                assert wait_job(job, timeout=4 * GUARD_S)[0] == "COMPLETED", out(job)[-3000:]
+            for r in range(2):
+                assert shards(g1b, r)[1200] == shards(g0, r)[1200], (out(g0), out(g1b))
+            slurm("scancel", lh)  # the lighthouse, once the groups are done (its header's line)
             print(f"groups of 2 ranks: group 1's job ended {took:.1f} s after its rank 1 was "
                   f"killed; group 0 alone at step {gone[1]}; the new group 1 healed both ranks "
                   f"at step {healed[0][1]}, equal at step {common}")  # fmt: skip

@@ -101,7 +101,7 @@ def test_collection_finds_every_readme_command():
         "lessons/05_fault_tolerance/README.md": 11, "lessons/06_diagnosing_hangs/README.md": 6,
         "lessons/07_fsdp_sharding/README.md": 5, "lessons/08_data_pipeline/README.md": 7,
         "lessons/09_beyond_data_parallel/README.md": 7, "lessons/10_fit_and_keep/README.md": 8,
-        "lessons/11_torchft/README.md": 11,
+        "lessons/11_torchft/README.md": 15,
         "lessons/12_sick_node/README.md": 11,
     }, counts
     assert Command("lessons/03_ddp_mnist/README.md", 50, "sbatch lessons/03_ddp_mnist/job.sh") \
