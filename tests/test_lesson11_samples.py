@@ -13,7 +13,7 @@ NAMED = re.compile(r"`([\w/-]+\.(?:out|txt))`")  # a file named in the prose, e.
 BLOCK = re.compile(r"^```text\n(.*?)^```", re.S | re.M)
 
 
-@pytest.mark.parametrize("lesson, quotes", [("11_torchft", 7), ("12_sick_node", 8)])
+@pytest.mark.parametrize("lesson, quotes", [("11_torchft", 9), ("12_sick_node", 8)])
 def test_readme_quotes_the_stored_outputs(lesson, quotes):
     """Every ```text block of the README is output copied from the stored files the prose names
     since the block before (the lesson's .out and .txt files, compare/ included): each of its
