@@ -133,10 +133,11 @@ LESSON10_MARKS ?= lesson10
 test-lesson10: venv data
 	COURSE_NOTEBOOK_SUBMIT=0 $(VENV)/bin/pytest -m "$(LESSON10_MARKS)" tests lessons/10_fit_and_keep --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg
 
-# Lesson 11's tests that need no cluster: two torchft groups and a lighthouse on loopback, one
-# killed and replaced (its cluster test is marked sites, and every_slurm). About 40 s.
+# Lesson 11's tests that need no cluster: torchft groups (of one process, and of two ranks that
+# shard the model) and a lighthouse on loopback, one killed and replaced (its cluster tests are
+# every_slurm). About 2 minutes on 2 cores.
 test-lesson11: venv data
-	$(VENV)/bin/pytest -m lesson11 tests/test_lesson11.py
+	$(VENV)/bin/pytest -m lesson11 tests/test_lesson11.py tests/test_lesson11_fsdp.py
 
 # Lesson 12 (tests/test_lesson12.py, its notebook under nbval, its jobs on the local cluster:
 # one restarts it with a third node for the job to move to, and back to two after).

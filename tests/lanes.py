@@ -103,8 +103,9 @@ def pytest_configure(config):
     )
     config.addinivalue_line(
         "markers", "lesson11: lesson 11's tests: on this machine (groups on loopback), a lane of "
-        "their own (make test-lesson11, tests/test_lesson11.py); its cluster test in make "
-        "test-slurm's last pass only (every_slurm); `make test` leaves them out",
+        "their own (make test-lesson11: tests/test_lesson11.py, test_lesson11_fsdp.py); its "
+        "cluster tests in make test-slurm's last pass only (every_slurm); `make test` leaves "
+        "them out",
     )
     config.addinivalue_line(
         "markers", "lesson12: lesson 12's tests, notebook and jobs, a lane of their own (make "
