@@ -190,9 +190,16 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
             for job in (g0, g1b, lh):
                 assert wait_job(job, timeout=GUARD_S)[0] == "CANCELLED", job
             left = [m for g in (g0, g1b) if (m := LEFT.search(out("group", g)))]
-            assert left, out("group", g0) + out("group", g1b)
-            saved, state = max((int(m[1]), m[2]) for m in left)
-            assert newest() == saved >= periodic, (newest(), saved, periodic)
+            if left:  # the last group to leave saved the step it had reached
+                saved, state = max((int(m[1]), m[2]) for m in left)
+                assert newest() == saved >= periodic, (newest(), saved, periodic)
+            else:  # both were waiting for a quorum when the lighthouse went, and were killed
+                # after KillWait, unsaved (README, "Everything ends at once"; seen once on
+                # 22.05): the newest checkpoint is the periodic one, the state logged there
+                saved = newest()
+                assert saved >= periodic and saved % 100 == 0, (saved, periodic)
+                state = hashes(out("group", g0))[saved]
+                print(f"no group left on SIGTERM (both in a quorum request): step {saved} kept")
             lh = sbatch(LIGHTHOUSE, name="lighthouse")
             after = (f"--dependency=after:{lh}",)
             t_resubmit = time.monotonic()

@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import require_torchft
+from helpers import clean_environ, require_torchft
 from test_lesson11 import GUARD_S, LESSON, ROOT, Log, free_port, lighthouse, stop
 
 require_torchft()
@@ -96,3 +96,21 @@ def test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank(tmp_path):
     # well below ln 10 = 2.3 (untrained).
     late = [float(m[2]) for m in SHARD.finditer(g0[0].text()) if int(m[1]) >= 60]
     assert late and sum(late) / len(late) < 1.0, g0[0].text()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--slow-factor", "3"], "error: --slow-factor is train_ft.py's (groups of one process)"),
+    (["--batch-size", "63"], "error: --batch-size 63 (per group) does not split over the group's "
+                             "2 ranks: give a multiple of 2"),
+    ([], "error: TORCHFT_LIGHTHOUSE is not set"),
+], ids=["slow-factor", "batch", "no-lighthouse"])  # fmt: skip
+def test_bad_input_is_one_line(args, says):
+    """Refused in one line before any process group: an option of the one-process form, a group
+    batch that does not split over the ranks, no lighthouse."""
+    env = clean_environ(RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2",
+                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))  # fmt: skip
+    env.pop("TORCHFT_LIGHTHOUSE", None)
+    proc = subprocess.run([sys.executable, str(FSDP), *args], cwd=ROOT, env=env, text=True,
+                          capture_output=True, timeout=GUARD_S)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith(says), proc.stderr

@@ -25,7 +25,6 @@ slow-group check.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import signal
@@ -40,6 +39,7 @@ import torch.nn.functional as F
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from train_ft import STOPPED_EXIT, import_torchft, ipv6_hint, lighthouse_address  # beside this file
+from train_ft import parse_args as group_args
 
 from common.env import LaunchError, resolve_launch_env
 from common.launch import (
@@ -60,25 +60,15 @@ def say(text: str) -> None:
     print(f"{now} [{who}] {text}\n", end="", flush=True)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--group", type=int, default=int(os.environ.get("FT_GROUP", 0)),
-                   help="this replica group's index (0 .. --groups - 1)")  # fmt: skip
-    p.add_argument("--groups", type=int, default=2, help="how many groups share the data")
-    p.add_argument("--steps", type=int, default=2000, help="train until the quorum's step N")
-    p.add_argument("--batch-size", type=int, default=32, help="per rank and step")
-    p.add_argument("--lr", type=float, default=1e-2, help="peak learning rate of the one-cycle")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-every", type=int, default=25,
-                   help="a line every N steps, with the hash of this rank's shard of the state")
-    p.add_argument("--train-subset", type=int, default=0, help="use only the first N images")
-    args = p.parse_args(argv)
-    if not 0 <= args.group < args.groups:
-        p.error(f"--group {args.group} is not one of the {args.groups} groups (0 .. "
-                f"{args.groups - 1}): give --groups N for N groups")  # fmt: skip
-    if args.steps < 1 or args.batch_size < 1:
-        p.error("--steps and --batch-size must be at least 1")
-    os.environ["FT_GROUP"] = str(args.group)
+def parse_args(argv=None):
+    """train_ft.py's options, for the same run: --batch-size is still per group and step, split
+    over the group's ranks. Its checkpoint and lesson 12's check are train_ft.py's alone."""
+    args = group_args(argv)
+    for given, name in ((args.ckpt_dir, "--ckpt-dir"), (args.slow_factor, "--slow-factor")):
+        if given:
+            print(f"error: {name} is train_ft.py's (groups of one process): a group of several "
+                  f"ranks runs without it", file=sys.stderr, flush=True)  # fmt: skip
+            raise SystemExit(2)
     return args
 
 
@@ -113,7 +103,8 @@ def train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer, s
                                  num_replica_groups=args.groups, group_rank=env.rank,
                                  num_replicas=env.world_size, shuffle=True,
                                  seed=args.seed)  # fmt: skip
-    per_epoch = len(sampler) // args.batch_size
+    batch = args.batch_size // env.world_size  # this rank's part of the group's batch
+    per_epoch = len(sampler) // batch
     epoch, shard = -1, None
     params = list(model.parameters())
     participants, t_mark, step_mark = 0, time.perf_counter(), manager.current_step()
@@ -146,7 +137,7 @@ def train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer, s
             epoch = step // per_epoch
             sampler.set_epoch(epoch)  # a new order each epoch, the same in every rank
             shard = torch.tensor(list(sampler))
-        idx = shard[(step % per_epoch) * args.batch_size:][: args.batch_size]
+        idx = shard[(step % per_epoch) * batch:][:batch]
         loss = F.cross_entropy(model(train_x[idx]), train_y[idx])
         # FSDP2's backward reduce-scatters the gradients inside the group (its process
         # group): each rank gets its shard of the group's average.
@@ -186,6 +177,10 @@ def main(argv=None) -> int:
         env = resolve_launch_env()
         check_launch(env)
         os.environ["FT_RANK"] = str(env.rank)
+        if args.batch_size % env.world_size:
+            raise LaunchError(f"--batch-size {args.batch_size} (per group) does not split over "
+                              f"the group's {env.world_size} ranks: give a multiple of "
+                              f"{env.world_size}")  # fmt: skip
         torch.set_num_threads(cpu_threads(env))
         lighthouse = lighthouse_address()
         if torch.cuda.is_available():
@@ -275,7 +270,7 @@ def main(argv=None) -> int:
     mine = sum(local(p).numel() for p in model.parameters())
     say(f"on {socket.gethostname()} ({device}), {env.world_size} ranks in this group, holding "
         f"{mine} of the model's {sum(p.numel() for p in model.parameters())} parameters; data "
-        f"shard {args.group} of {args.groups}, batch {args.batch_size} per rank")
+        f"shard {args.group} of {args.groups}, batch {args.batch_size // env.world_size} per rank")
     # Noted only, acted on at the next step's start by every rank together (train()).
     stop: list[str] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signal.Signals(signum).name))
