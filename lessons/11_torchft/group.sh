@@ -16,8 +16,9 @@
 #   sbatch --ntasks=2 lessons/11_torchft/group.sh 0    # a group of 2 ranks, the model sharded
 #
 # A job of one task runs train_ft.py (a group is one process); a job of several tasks (one per
-# GPU on a GPU node: --ntasks-per-node=<its GPUs>, on one node or more) runs train_ft_fsdp.py,
-# whose ranks shard the model inside the group (FSDP2) while torchft averages across groups.
+# GPU: --ntasks=<GPUs in all> --gres=gpu:<a node's GPUs>, with --nodes=N for N nodes; not
+# --ntasks-per-node, which this header's --ntasks=1 overrides) runs train_ft_fsdp.py, whose
+# ranks shard the model inside the group (FSDP2) while torchft averages across groups.
 # Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...). With
 # --slow-factor F (lesson 12), a group whose node computes F times slower than the other groups'
 # leaves (status 3), and this script submits its replacement, without that node.
@@ -120,10 +121,11 @@ if ((status == 0)); then
     fi
     echo "=== $(date -u '+%T') job $SLURM_JOB_ID finished"
 fi
-if ((status == 143 && ${SLURM_NTASKS:-1} > 1)) && [[ -z $terminated ]]; then
+if ((status > 128 && ${SLURM_NTASKS:-1} > 1)) && [[ -z $terminated ]]; then
     # srun's status is the highest signal among its tasks' ends (_task_finish in Slurm's
-    # src/srun/launch.c): a rank that died, and the others ended by --kill-on-bad-exit's
-    # SIGTERM, give 143 as a SIGTERM to the job would. This shell got none: a rank failed.
+    # src/srun/launch.c): a rank that died, and the others ended by --kill-on-bad-exit (its
+    # SIGTERM, or SIGKILL after KillWait for a rank that waits on the dead one), give 143 as a
+    # SIGTERM to the job would, or 137. This shell got no SIGTERM: a rank failed.
     echo "=== $(date -u '+%T') a rank of group $FT_GROUP failed (srun's lines above) and srun ended the others: job $SLURM_JOB_ID ends here, the other groups go on. To bring the group back: sbatch $ranks_option lessons/11_torchft/group.sh $FT_GROUP${train_args[*]:+ ${train_args[*]}}"
     exit 1
 fi
