@@ -91,14 +91,44 @@ def restarts_after_a_kill_at_the_end_of_grace_time() -> int:
     return {(22, 5): 1, (24, 11): 2, (26, 5): 1}[slurm_version()]
 
 
-# Every process the suite starts (jobs, tasks, notebook kernels) skips the garbage collector's
-# last pass at exit: tests/exitfast/sitecustomize.py says why, tests/README.md what it saves.
+# Every process the suite starts (jobs, tasks; not notebook kernels, below) skips the garbage
+# collector's last pass at exit: tests/exitfast/sitecustomize.py says why, tests/README.md what
+# it saves.
 # COURSE_TEST_EXITFAST=0 runs them without it, exactly as students run them.
 _EXITFAST = str(ROOT / "tests" / "exitfast")
 if (os.environ.get("COURSE_TEST_EXITFAST", "1") == "1"
         and _EXITFAST not in os.environ.get("PYTHONPATH", "").split(os.pathsep)):
     os.environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (_EXITFAST, os.environ.get("PYTHONPATH")) if p)
+
+
+class _NotebookKernelsWithoutTheFreeze:
+    """A notebook's kernel, and every process its cells start, never load the exit freeze: a
+    notebook is run as an instructor runs it, in every lane (it costs make test about 20 s:
+    tests/README.md). nbval starts the kernel, with this process's environment, when the
+    notebook's first cell is set up; the environment is put back after."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item):
+        if type(item.parent).__name__ != "IPyNbFile":  # nbval's notebook
+            yield
+            return
+        saved = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (saved or "").split(os.pathsep) if p and p != _EXITFAST)
+        try:
+            yield
+        finally:
+            if saved is None:
+                os.environ.pop("PYTHONPATH", None)
+            else:
+                os.environ["PYTHONPATH"] = saved
+
+
+def pytest_sessionstart(session):
+    # Registered as a plugin of its own: a conftest's runtest hooks reach only the tests under
+    # its folder, and the notebooks are under lessons/.
+    session.config.pluginmanager.register(_NotebookKernelsWithoutTheFreeze(), "notebook-kernels")
 
 
 def job_environ(env: dict[str, str] | None = None) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """Imported by every Python process the test suite starts (tests/conftest.py puts this folder
-first on PYTHONPATH, and jobs, srun tasks and torchrun workers inherit it).
+first on PYTHONPATH, and jobs, srun tasks and torchrun workers inherit it), but notebook kernels
+and what their cells start, which conftest.py starts without it.
 
 It changes when the garbage collector looks at the objects torch creates as it is imported, and
 nothing else:
