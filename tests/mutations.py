@@ -269,6 +269,16 @@ MUTATIONS = (
         "a healed rank takes its peer's AdamW state and step but keeps its initial weights: its "
         "shard differs from its peer's from then on"),
     Mutation(
+        "l11-fsdp-ckpt-local-shards", "lessons/11_torchft/ft_checkpoint.py",
+        "    model_sd, optim_sd = get_state_dict(model, optimizer)  # keyed by parameter name",
+        "    model_sd = {n: getattr(v, 'to_local', lambda v=v: v)() for n, v in "
+        "model.state_dict().items()}; optim_sd = get_state_dict(model, optimizer)[1]",
+        ("tests/test_lesson11_fsdp.py::"
+         "test_every_group_and_the_lighthouse_lost_each_rank_resumes_its_shards_bit_for_bit",),
+        "the checkpoint holds each rank's shard of the weights as a plain tensor (as the heal "
+        "sends it): DCP keeps one rank's under each name, with a shard's shape, and the new "
+        "groups' ranks cannot get their own weights back from it (refused in one line)"),
+    Mutation(
         "l12-bn-not-restored", "lessons/12_sick_node/train.py",
         "                    b.copy_(before)", "                    pass",
         ("tests/test_lesson12.py::test_a_nan_is_skipped_on_every_rank_as_a_planned_skip_is",),

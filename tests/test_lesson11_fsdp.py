@@ -4,8 +4,9 @@ group the ranks shard the model (FSDP2: each holds part of it); across the group
 averages with rank r. A group is killed whole (srun --kill-on-bad-exit ends a dying rank's
 peers), the other steps on alone, and each rank of the group started again heals its own shard
 from its peer rank: then every rank holds what its peer holds, bit for bit. Sent SIGTERM
-(scancel), both ranks of a group leave before the same step, with status 75. The cluster's
-version is in tests/test_lesson11_cluster.py.
+(scancel), both ranks of a group leave before the same step, with status 75. When every group
+and the lighthouse end, each rank of the new groups loads its own shards of the newest
+checkpoint. The cluster's version is in tests/test_lesson11_cluster.py.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import clean_environ, require_torchft
@@ -28,10 +30,28 @@ SHARD = re.compile(r"\[group \d rank \d\] step (\d+)/\d+ \| groups \d \| loss ([
 LEFT = re.compile(r"SIGTERM \(scancel, a preemption, the time limit\): the group leaves between "
                   r"steps (\d+) and")  # fmt: skip
 HOLDS = re.compile(r"holding (\d+) of the model's (\d+) parameters")
+RESUMED = re.compile(r"resumed from (\S+): step (\d+) \| shard (\w+)")
 
 
 def shards(text: str) -> dict[int, str]:
     return {int(m[1]): m[3] for m in SHARD.finditer(text)}
+
+
+def start_group(tmp_path, procs, env, n: int, name: str, *extra: str) -> tuple[list, list]:
+    """Group N's two ranks, as srun starts a job's two tasks (its own store: its rank 0's)."""
+    port, logs = str(free_port()), []
+    for rank in range(2):
+        log = tmp_path / f"{name}-rank{rank}.log"
+        ranks = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                 "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+        with open(log, "w") as out:
+            procs.append(subprocess.Popen(
+                [sys.executable, str(FSDP), "--group", str(n), "--steps", "100000",
+                 "--train-subset", "2048", *extra],
+                cwd=ROOT, env={**env, **ranks}, stdout=out, stderr=subprocess.STDOUT,
+                text=True))  # fmt: skip
+        logs.append(Log(log, procs))
+    return logs, procs[-2:]
 
 
 def test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank(tmp_path):
@@ -39,19 +59,7 @@ def test_groups_of_two_ranks_shard_the_model_and_heal_rank_by_rank(tmp_path):
     env: dict[str, str] = {}
 
     def group(n: int, name: str) -> tuple[list[Log], list[subprocess.Popen]]:
-        port, logs = str(free_port()), []  # the group's own store: its rank 0's
-        for rank in range(2):
-            log = tmp_path / f"{name}-rank{rank}.log"
-            ranks = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
-                     "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-            with open(log, "w") as out:
-                procs.append(subprocess.Popen(
-                    [sys.executable, str(FSDP), "--group", str(n), "--steps", "100000",
-                     "--log-every", "20", "--train-subset", "2048"],
-                    cwd=ROOT, env={**env, **ranks}, stdout=out, stderr=subprocess.STDOUT,
-                    text=True))  # fmt: skip
-            logs.append(Log(log, procs))
-        return logs, procs[-2:]
+        return start_group(tmp_path, procs, env, n, name, "--log-every", "20")
 
     try:
         env.update(lighthouse(tmp_path, procs, min_replicas=1)[1])
@@ -114,3 +122,63 @@ def test_bad_input_is_one_line(args, says):
                           capture_output=True, timeout=GUARD_S)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert proc.stderr.startswith(says), proc.stderr
+
+
+def test_every_group_and_the_lighthouse_lost_each_rank_resumes_its_shards_bit_for_bit(tmp_path):
+    """The lighthouse killed: every rank of both groups waits its quorum's timeout (8 s here)
+    and says so in one line naming the newest checkpoint (written by every rank of the quorum's
+    first group, each its own shards). A new lighthouse and two new groups: each rank loads its
+    own shards, the ones its rank logged at that step, and every step both runs logged after it
+    is the same, rank by rank, bit for bit (a rank that loaded another's shards, or the whole
+    model, would differ at once)."""
+    procs: list[subprocess.Popen] = []
+    ckpt = tmp_path / "ckpt"
+    env: dict[str, str] = {}
+    every = ("--log-every", "10", "--ckpt-every", "20", "--ckpt-dir", str(ckpt))
+    try:
+        env.update(lighthouse(tmp_path, procs, min_replicas=1)[1], COURSE_DIST_TIMEOUT="8")
+        g0, p0 = start_group(tmp_path, procs, env, 0, "first0", *every)
+        g1, p1 = start_group(tmp_path, procs, env, 1, "first1", *every)
+        deadline = time.monotonic() + GUARD_S
+        while not (ckpt / "step-00000040" / ".metadata").is_file():
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), (
+                g0[0].text(), g1[0].text())
+            time.sleep(0.1)
+        g1[0].wait_for(r"step ([5-9]\d|\d{3,})/\d+ \| groups 2", procs)
+        procs[0].kill()  # the lighthouse
+        t_kill = time.monotonic()
+        for proc in p0 + p1:
+            proc.wait(timeout=GUARD_S)
+        waited = time.monotonic() - t_kill
+        newest = max(p.name for p in ckpt.glob("step-*"))
+        first = [log.text() for log in g0 + g1]
+        for proc, text in zip(p0 + p1, first, strict=True):
+            last = text.strip().splitlines()[-1]
+            assert proc.returncode == 1 and "Traceback" not in text, text
+            assert last.startswith("error: no quorum within 8 s at step ") and last.endswith(
+                f"the newest checkpoint, {ckpt / newest}, is where new groups resume"), text
+        assert 8 <= waited < 8 + 30, waited  # the quorum's timeout, not a hang
+        # Each rank wrote its own file of the checkpoint (DCP: __<rank>_0.distcp).
+        assert sorted(p.name for p in (ckpt / newest).glob("*.distcp")) == [
+            "__0_0.distcp", "__1_0.distcp"], list((ckpt / newest).iterdir())
+
+        procs.clear()  # both groups in the first quorum (min_replicas 2): none steps alone
+        env.update(lighthouse(tmp_path, procs, min_replicas=2)[1])
+        n0, _ = start_group(tmp_path, procs, env, 0, "second0", *every)
+        n1, _ = start_group(tmp_path, procs, env, 1, "second1", *every)
+        step = int(newest.split("-")[1])
+        before = [shards(first[0]), shards(first[1])]  # group 0's rank 0 and rank 1
+        later = [s for s in before[0] if s > step]
+        assert later and before[0][step] != before[1][step], first[:2]
+        for rank, log in enumerate(n0 + n1):
+            found = log.wait_for(RESUMED.pattern, procs)
+            assert (found[1], int(found[2])) == (str(ckpt / newest), step), found[0]
+            assert found[3] == before[rank % 2][step], (found[0], first[rank % 2])
+        for log in n0 + n1:
+            log.wait_for(rf"step {max(later)}/\d+ \|", procs)
+    finally:
+        stop(procs)
+    for rank, log in enumerate(n0 + n1):
+        after = shards(log.text())
+        assert all(after[s] == before[rank % 2][s] for s in later), (first[rank % 2], log.text())
+        assert "healed" not in log.text(), log.text()  # every rank started from the checkpoint

@@ -64,8 +64,8 @@ CKPT_EVERY=${CKPT_EVERY:-100}
 [[ $CKPT_EVERY =~ ^[0-9]+$ ]] || { echo "error: CKPT_EVERY='$CKPT_EVERY' is not a whole number of steps: e.g. CKPT_EVERY=100, or 0 for no checkpoints" >&2; exit 2; }
 script=train_ft.py ranks_option=""
 if ((${SLURM_NTASKS:-1} > 1)); then
-    # Several ranks: train_ft_fsdp.py, which keeps no checkpoint on disk (train_ft.py shows it).
-    script=train_ft_fsdp.py CKPT_EVERY=0 ranks_option="--ntasks=$SLURM_NTASKS"
+    # Several ranks: train_ft_fsdp.py; each rank writes its own shards of the checkpoints.
+    script=train_ft_fsdp.py ranks_option="--ntasks=$SLURM_NTASKS"
 fi
 ((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
 

@@ -18,9 +18,10 @@ groups of two ranks, each group a torchrun of its own (its own store port):
     torchrun --nproc-per-node 2 --master-port 29530 lessons/11_torchft/train_ft_fsdp.py \\
         --group 1 --steps 300
 
-A group sent SIGTERM leaves between two steps, every rank at the same step. Left to train_ft.py
-(the one-process form, where each is shown on its own): the checkpoint on disk, lesson 12's
-slow-group check.
+A group sent SIGTERM leaves between two steps, every rank at the same step. With --ckpt-dir the
+checkpoint is train_ft.py's (ft_checkpoint.py), written by every rank of a group: each its own
+shards (DCP, as lesson 07). Left to train_ft.py (the one-process form): lesson 12's slow-group
+check.
 """
 
 from __future__ import annotations
@@ -36,11 +37,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from ft_checkpoint import newest_checkpoint, resume, save  # beside this file
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from train_ft import STOPPED_EXIT, import_torchft, ipv6_hint, lighthouse_address  # beside this file
 from train_ft import parse_args as group_args
 
+from common.checkpoint import CheckpointError
 from common.env import LaunchError, resolve_launch_env
 from common.launch import (
     check_cuda_usable,
@@ -62,13 +65,12 @@ def say(text: str) -> None:
 
 def parse_args(argv=None):
     """train_ft.py's options, for the same run: --batch-size is still per group and step, split
-    over the group's ranks. Its checkpoint and lesson 12's check are train_ft.py's alone."""
+    over the group's ranks. Lesson 12's check (--slow-factor) is train_ft.py's alone."""
     args = group_args(argv)
-    for given, name in ((args.ckpt_dir, "--ckpt-dir"), (args.slow_factor, "--slow-factor")):
-        if given:
-            print(f"error: {name} is train_ft.py's (groups of one process): a group of several "
-                  f"ranks runs without it", file=sys.stderr, flush=True)  # fmt: skip
-            raise SystemExit(2)
+    if args.slow_factor:
+        print("error: --slow-factor is train_ft.py's (groups of one process): a group of several "
+              "ranks runs without it", file=sys.stderr, flush=True)  # fmt: skip
+        raise SystemExit(2)
     return args
 
 
@@ -121,6 +123,9 @@ def train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer, s
             say(f"SIGTERM (scancel, a preemption, the time limit): the group leaves between "
                 f"steps {manager.current_step()} and {manager.current_step() + 1} | shard "
                 f"{shard_hash(model, optimizer)}; the other groups go on without it")
+            if args.ckpt_dir:  # every group that stops saves: the last to stop keeps the run
+                path = save(args.ckpt_dir, args, manager, model, optimizer, scheduler)
+                say(f"checkpoint {path} (on SIGTERM)")
             return STOPPED_EXIT
         before = manager.current_step()
         ft_optimizer.zero_grad()  # the quorum: every rank of the group gets the same answer
@@ -162,6 +167,14 @@ def train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer, s
             say(f"step {step}/{args.steps} | groups {participants} | loss {loss.item():.4f} | "
                 f"{rate:.1f} steps/s | shard {shard_hash(model, optimizer)}")  # fmt: skip
             t_mark, step_mark = time.perf_counter(), step
+        # Every rank of the quorum's first group writes its shards (the group's ranks got the
+        # same quorum, so they agree); the other groups hold the same state and go on.
+        if args.ckpt_dir and (step % args.ckpt_every == 0 or step == args.steps) \
+                and manager.participating_rank() == 0:  # fmt: skip
+            t_save = time.perf_counter()
+            path = save(args.ckpt_dir, args, manager, model, optimizer, scheduler)
+            say(f"checkpoint {path} in {time.perf_counter() - t_save:.2f} s (this group is the "
+                f"quorum's first) | shard {shard_hash(model, optimizer)}")  # fmt: skip
     say(f"done at step {manager.current_step()}")
     return 0
 
@@ -275,12 +288,24 @@ def main(argv=None) -> int:
     stop: list[str] = []
     signal.signal(signal.SIGTERM, lambda signum, _frame: stop.append(signal.Signals(signum).name))
     try:
+        # Every rank loads its own shards of the newest checkpoint (DCP reads what it needs).
+        if args.ckpt_dir and (resumed := resume(args.ckpt_dir, args, manager, model, optimizer,
+                                                scheduler)):  # fmt: skip
+            say(f"resumed from {resumed}: step {manager.current_step()} | shard "
+                f"{shard_hash(model, optimizer)}")  # fmt: skip
         return train(args, env, data, manager, model, optimizer, scheduler, ft_optimizer, stop)
     except TimeoutError:
+        newest = args.ckpt_dir and newest_checkpoint(args.ckpt_dir)
+        kept = (f"; the newest checkpoint, {newest}, is where new groups resume" if newest
+                else "; no checkpoint kept (--ckpt-dir): new groups start at step 0")
         print(f"error: no quorum within {timeout.total_seconds():.0f} s at step "
               f"{manager.current_step()}: is the lighthouse job still running? "
-              f"(a longer wait: COURSE_DIST_TIMEOUT=<seconds>)", file=sys.stderr, flush=True)
+              f"(a longer wait: COURSE_DIST_TIMEOUT=<seconds>){kept}", file=sys.stderr,
+              flush=True)  # fmt: skip
         return 1
+    except CheckpointError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 2
     except (dist.DistError, RuntimeError) as exc:  # gloo's or NCCL's: a rank of the group died
         print(f"error: a rank of group {args.group} failed during a step "
               f"({(str(exc) or repr(exc)).splitlines()[0][:160]}): the group ends (srun "
