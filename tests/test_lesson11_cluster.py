@@ -472,3 +472,72 @@ def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster
                 subprocess.run(["scancel", job], capture_output=True, timeout=30)
             for job in jobs:
                 wait_job(job, timeout=GUARD_S)
+
+
+def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, cluster_lock, tmp_path):
+    """Nodes of 4 GPUs, as many sites have (cluster/up.sh --gpus-per-node 4): the header's
+    --gres=gpu:2 lets Slurm put both groups on one node, where one node lost would end both. The
+    group that looks second (group.sh notes each group's nodes in FT_DIR/groups) says so in one
+    line, with the node and the fix, and trains on. Given all of a node's GPUs (--gres=gpu:4, the
+    line's advice), the groups land on two nodes and neither says it."""
+    env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}
+    jobs: list[str] = []
+    warning = re.compile(r"^warning: group (\d) \(job (\d+)\) runs on (\S+) too: a node lost "
+                         r"would end both groups\. Give each group all of a node's GPUs \(sbatch "
+                         r"--gres=gpu:<a node's GPUs> lessons/11_torchft/group\.sh \d\), or keep "
+                         r"it off those nodes \(--exclude=(\S+)\)$", re.M)  # fmt: skip
+
+    def sbatch(*args) -> str:
+        job = slurm("sbatch", "--parsable", f"--output={tmp_path}/%j.out", *args, env=env)
+        jobs.append(job)
+        return job
+
+    def out(job) -> str:
+        path = Path(tmp_path) / f"{job}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def two_groups(*options: str) -> tuple[list[str], list[str]]:
+        """Both groups stepping together; their node lists."""
+        g = [sbatch(f"--dependency=after:{lh}", *options, GROUP, str(n)) for n in range(2)]
+        for job in g:
+            wait_for(f"job {job} stepping with both groups", lambda job=job: re.search(
+                r"step \d+/\d+ \| participants 2", out(job)), GUARD_S)  # fmt: skip
+        return g, [job_record(job)["NodeList"] for job in g]
+
+    with cluster_lock():
+        run_up("--gpus-per-node", "4")
+        try:
+            lh = sbatch(LIGHTHOUSE)
+            g, nodes = two_groups()  # the header's --gres=gpu:2
+            assert nodes[0] == nodes[1], nodes  # what a site with 4-GPU nodes does to them
+            said = [m for job in g for m in warning.finditer(out(job))]
+            assert said, [out(job) for job in g]
+            for m in said:  # the other group, its job, the node: the groups' own
+                other = g[int(m[1])]
+                assert m[2] == other and m[3] == m[4] == nodes[0], (m[0], g, nodes)
+            for job in g:
+                slurm("scancel", job)
+                wait_job(job, timeout=GUARD_S)
+            g, nodes = two_groups("--gres=gpu:4")  # all of a node's GPUs
+            assert nodes[0] != nodes[1], nodes
+            assert not any(warning.search(out(job)) for job in g), [out(job) for job in g]
+            for job in g:
+                slurm("scancel", job)
+                wait_job(job, timeout=GUARD_S)
+            # --exclusive keeps the lighthouse off a group's node too: of two nodes, one is left.
+            g = [sbatch(f"--dependency=after:{lh}", "--exclusive", GROUP, str(n)) for n in (0, 1)]
+            first = wait_for("one exclusive group stepping", lambda: next((job for job in g if
+                             re.search(r"step \d+/\d+ \| participants 1", out(job))), None),
+                             GUARD_S)  # fmt: skip
+            time.sleep(5)  # a scheduling pass or two
+            waiting = job_record(g[1 - g.index(first)])
+            assert waiting["JobState"] == "PENDING", waiting
+            print(f"4-GPU nodes: with --gres=gpu:2 both groups on {said[0][3]} (said by "
+                  f"{len(said)} of them); with --gres=gpu:4 on {nodes[0]} and {nodes[1]}; with "
+                  f"--exclusive one group pending ({waiting['Reason']})")
+        finally:
+            for job in jobs:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
+            for job in jobs:
+                wait_job(job, timeout=GUARD_S)
+            run_up()

@@ -102,6 +102,20 @@ export TORCHFT_LIGHTHOUSE FT_GROUP RUST_LOG=${RUST_LOG:-warn}
 
 echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $SLURMD_NODENAME:" \
      "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE (job $lighthouse_job)"
+# One node lost must end one group: this header's --gres=gpu:2 is all of a local node's GPUs,
+# but on nodes of 4 or 8 GPUs two groups fit on one node. Each group notes its nodes in FT_DIR,
+# then looks for a running group of this run on them (of two groups starting together, the
+# second to write sees the first), and says so: the training goes on, less safe.
+mkdir -p "$FT_DIR/groups"
+mine=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
+echo "$SLURM_JOB_ID $SLURM_JOB_NODELIST" >"$FT_DIR/groups/$FT_GROUP"
+for file in "$FT_DIR"/groups/*; do
+    [[ ${file##*/} == "$FT_GROUP" ]] && continue
+    read -r job nodes <"$file" || continue
+    [[ $(squeue -h -j "$job" -o %T 2>/dev/null) == RUNNING ]] || continue
+    shared=$(grep -xF -f <(scontrol show hostnames "$nodes") <<<"$mine" | paste -sd,) || true
+    [[ -n $shared ]] && echo "warning: group ${file##*/} (job $job) runs on $shared too: a node lost would end both groups. Give each group all of a node's GPUs (sbatch --gres=gpu:<a node's GPUs> lessons/11_torchft/group.sh $FT_GROUP), or keep it off those nodes (--exclude=$shared)" >&2
+done
 # scancel and the time limit send SIGTERM to this shell as well as to the tasks (a preemption
 # first to the tasks alone): train_ft.py leaves between two steps, saves and ends with status
 # 75. Trapped here so that this shell waits for that rather than end first, and knows it.
