@@ -56,6 +56,21 @@ def node_state(node: str) -> str:
     return slurm("sinfo", "-h", "-n", node, "-o", "%T")
 
 
+def submitter(tmp_path, env: dict[str, str], jobs: list[str]):
+    """sbatch (its output in tmp_path/<job id>.out, the job noted in JOBS) and a job's output."""
+
+    def sbatch(*args: str) -> str:
+        job = slurm("sbatch", "--parsable", f"--output={tmp_path}/%j.out", *args, env=env)
+        jobs.append(job)
+        return job
+
+    def out(job: str) -> str:
+        path = Path(tmp_path) / f"{job}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    return sbatch, out
+
+
 def same_state_after(out, healed: int, survivor: str, healer: str) -> str:
     """Both groups' state hashes at the first logged step (every 25) after HEALED are equal;
     the healer's output. OUT(name, job) reads a job's output file."""
@@ -412,14 +427,7 @@ def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster
     env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "1200"}
     jobs: list[str] = []
 
-    def sbatch(*args) -> str:
-        job = slurm("sbatch", "--parsable", f"--output={tmp_path}/%j.out", *args, env=env)
-        jobs.append(job)
-        return job
-
-    def out(job) -> str:
-        path = Path(tmp_path) / f"{job}.out"
-        return path.read_text(errors="replace") if path.exists() else ""
+    sbatch, out = submitter(tmp_path, env, jobs)
 
     def shards(job: str, rank: int) -> dict[int, str]:
         return {int(m[1]): m[2] for m in re.finditer(
@@ -487,14 +495,7 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, clust
                          r"--gres=gpu:<a node's GPUs> lessons/11_torchft/group\.sh \d\), or keep "
                          r"it off those nodes \(--exclude=(\S+)\)$", re.M)  # fmt: skip
 
-    def sbatch(*args) -> str:
-        job = slurm("sbatch", "--parsable", f"--output={tmp_path}/%j.out", *args, env=env)
-        jobs.append(job)
-        return job
-
-    def out(job) -> str:
-        path = Path(tmp_path) / f"{job}.out"
-        return path.read_text(errors="replace") if path.exists() else ""
+    sbatch, out = submitter(tmp_path, env, jobs)
 
     def two_groups(*options: str) -> tuple[list[str], list[str]]:
         """Both groups stepping together; their node lists."""

@@ -35,7 +35,7 @@
 #SBATCH --job-name=ft-group
 #SBATCH --nodes=1
 #SBATCH --ntasks=1                 # one process per group here; --ntasks=N: a group of N ranks
-#SBATCH --gres=gpu:2               # the node's GPUs: one group per node, so a node lost is one group
+#SBATCH --gres=gpu:2               # all of a local node's GPUs: one group per node, so a node lost is one group (nodes of more GPUs: --gres=gpu:<all>)
 #SBATCH --cpus-per-task=2
 #SBATCH --mem=4G
 #SBATCH --time=00:30:00
