@@ -482,6 +482,8 @@ def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster
                 wait_job(job, timeout=GUARD_S)
 
 
+@pytest.mark.lesson11  # run only by make test-slurm's last pass (tests/lanes.py)
+@pytest.mark.timeout(900)
 def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, cluster_lock, tmp_path):
     """Nodes of 4 GPUs, as many sites have (cluster/up.sh --gpus-per-node 4): the header's
     --gres=gpu:2 lets Slurm put both groups on one node, where one node lost would end both. The
@@ -496,6 +498,11 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, clust
                          r"it off those nodes \(--exclude=(\S+)\)$", re.M)  # fmt: skip
 
     sbatch, out = submitter(tmp_path, env, jobs)
+
+    def end(job: str) -> None:
+        slurm("scancel", job)
+        wait_job(job, timeout=GUARD_S)
+        jobs.remove(job)  # waited for: the finally below waits for the others
 
     def two_groups(*options: str) -> tuple[list[str], list[str]]:
         """Both groups stepping together; their node lists."""
@@ -517,14 +524,12 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, clust
                 other = g[int(m[1])]
                 assert m[2] == other and m[3] == m[4] == nodes[0], (m[0], g, nodes)
             for job in g:
-                slurm("scancel", job)
-                wait_job(job, timeout=GUARD_S)
+                end(job)
             g, nodes = two_groups("--gres=gpu:4")  # all of a node's GPUs
             assert nodes[0] != nodes[1], nodes
             assert not any(warning.search(out(job)) for job in g), [out(job) for job in g]
             for job in g:
-                slurm("scancel", job)
-                wait_job(job, timeout=GUARD_S)
+                end(job)
             # --exclusive keeps the lighthouse off a group's node too: of two nodes, one is left.
             g = [sbatch(f"--dependency=after:{lh}", "--exclusive", GROUP, str(n)) for n in (0, 1)]
             first = wait_for("one exclusive group stepping", lambda: next((job for job in g if
