@@ -279,14 +279,14 @@ MUTATIONS = (
         "sends it): DCP keeps one rank's under each name, with a shard's shape, and the new "
         "groups' ranks cannot get their own weights back from it (refused in one line)"),
     Mutation(
-        "l11-shared-node-unsaid", "lessons/11_torchft/group.sh",
+        "l11-shared-node-stays", "lessons/11_torchft/group.sh",
         '    [[ $(squeue -h -j "$job" -o %T 2>/dev/null) == RUNNING ]] || continue',
         "    continue",
         ("tests/test_lesson11_cluster.py::"
-         "test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so",),
-        "a group looks at the other groups' nodes and says when one shares its node: skipped, "
-        "two groups on one 4-GPU node train on with one node able to end both, and nothing "
-        "says so", slow=True),
+         "test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves",),
+        "a group looks at the other groups' nodes and moves off one it shares: skipped, two "
+        "groups on one 4-GPU node train on with one node able to end both, and nothing says so",
+        slow=True),
     Mutation(
         "l12-bn-not-restored", "lessons/12_sick_node/train.py",
         "                    b.copy_(before)", "                    pass",
@@ -311,8 +311,7 @@ MUTATIONS = (
         slow=True),
     Mutation(
         "l12-ft-replacement-anywhere", "lessons/11_torchft/group.sh",
-        'next=$(sbatch --parsable --exclude="$excluded" \\',
-        "next=$(sbatch --parsable \\",
+        '    sbatch --parsable --exclude="$1" --nodes=', '    sbatch --parsable --nodes=',
         ("tests/test_lesson12.py::"
          "test_a_torchft_group_on_a_slowed_node_leaves_and_is_replaced_elsewhere",),
         "the replacement avoids the slow node: without --exclude it may land on node2 again "

@@ -484,18 +484,23 @@ def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster
 
 @pytest.mark.lesson11  # run only by make test-slurm's last pass (tests/lanes.py)
 @pytest.mark.timeout(900)
-def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, cluster_lock, tmp_path):
+def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster_lock, tmp_path):
     """Nodes of 4 GPUs, as many sites have (cluster/up.sh --gpus-per-node 4): the header's
     --gres=gpu:2 lets Slurm put both groups on one node, where one node lost would end both. The
-    group that looks second (group.sh notes each group's nodes in FT_DIR/groups) says so in one
-    line, with the node and the fix, and trains on. Given all of a node's GPUs (--gres=gpu:4, the
-    line's advice), the groups land on two nodes and neither says it."""
+    group that looks second (group.sh notes each group's nodes in FT_DIR/groups, under a lock)
+    moves: it ends before training, and a new job of that group, without the shared node, joins
+    the other on a node of its own. With no other node for it (the second group submitted with
+    --exclude=<the other node>), it says so in one line and trains on. Given all of a node's GPUs
+    (--gres=gpu:4), the groups land on two nodes; with --exclusive one waits (the lighthouse
+    holds a node)."""
     env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}
     jobs: list[str] = []
+    moved = re.compile(r"^=== \S+ group (\d) \(job (\d+)\) runs on (\S+) too, where a node lost "
+                       r"would end both groups: group (\d) goes on as job (\d+), without (\S+)$",
+                       re.M)  # fmt: skip
     warning = re.compile(r"^warning: group (\d) \(job (\d+)\) runs on (\S+) too: a node lost "
-                         r"would end both groups\. Give each group all of a node's GPUs \(sbatch "
-                         r"--gres=gpu:<a node's GPUs> lessons/11_torchft/group\.sh \d\), or keep "
-                         r"it off those nodes \(--exclude=(\S+)\)$", re.M)  # fmt: skip
+                         r"would end both groups, and partition \S+ has no other node for this "
+                         r"one; training on\.", re.M)  # fmt: skip
 
     sbatch, out = submitter(tmp_path, env, jobs)
 
@@ -504,30 +509,56 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, clust
         wait_job(job, timeout=GUARD_S)
         jobs.remove(job)  # waited for: the finally below waits for the others
 
-    def two_groups(*options: str) -> tuple[list[str], list[str]]:
+    def stepping(g: list[str]) -> list[str]:
         """Both groups stepping together; their node lists."""
-        g = [sbatch(f"--dependency=after:{lh}", *options, GROUP, str(n)) for n in range(2)]
         for job in g:
             wait_for(f"job {job} stepping with both groups", lambda job=job: re.search(
                 r"step \d+/\d+ \| participants 2", out(job)), GUARD_S)  # fmt: skip
-        return g, [job_record(job)["NodeList"] for job in g]
+        return [job_record(job)["NodeList"] for job in g]
+
+    def two_groups(*options: str) -> list[str]:
+        return [sbatch(f"--dependency=after:{lh}", *options, GROUP, str(n)) for n in range(2)]
 
     with cluster_lock():
         run_up("--gpus-per-node", "4")
         try:
             lh = sbatch(LIGHTHOUSE)
-            g, nodes = two_groups()  # the header's --gres=gpu:2
-            assert nodes[0] == nodes[1], nodes  # what a site with 4-GPU nodes does to them
-            said = [m for job in g for m in warning.finditer(out(job))]
-            assert said, [out(job) for job in g]
-            for m in said:  # the other group, its job, the node: the groups' own
-                other = g[int(m[1])]
-                assert m[2] == other and m[3] == m[4] == nodes[0], (m[0], g, nodes)
-            for job in g:
+            g = two_groups()  # the header's --gres=gpu:2: Slurm puts both on one node
+            m = wait_for("a group moved", lambda: next((m for job in g for m in
+                         moved.finditer(out(job))), None), GUARD_S)  # fmt: skip
+            mover = next(job for job in g if m[0] in out(job))
+            jobs.append(m[5])  # the replacement, for the finally
+            stayer = g[1 - g.index(mover)]
+            assert (m[1], m[2], m[4]) == (str(g.index(stayer)), stayer, str(g.index(mover))), m[0]
+            assert m[3] == m[6] == job_record(stayer)["NodeList"], m[0]  # the shared node, avoided
+            assert wait_job(mover, timeout=GUARD_S)[0] == "COMPLETED"
+            assert "step " not in out(mover), out(mover)  # it left before training
+            record = job_record(m[5])
+            assert record["ExcNodeList"] == m[6] and record["TresPerNode"].endswith("gpu:2"), record
+            apart = stepping([stayer, m[5]])
+            assert apart[0] != apart[1], apart
+            assert not any(warning.search(out(job)) for job in (stayer, m[5]))
+            assert not moved.search(out(m[5]))
+            for job in (stayer, m[5]):
                 end(job)
-            g, nodes = two_groups("--gres=gpu:4")  # all of a node's GPUs
+            jobs.remove(mover)
+            # No other node: group 1 kept off the node group 0 did not take, so it joins group 0.
+            first = sbatch(f"--dependency=after:{lh}", GROUP, "0")
+            taken = wait_for(f"job {first} running", lambda: job_record(first)["NodeList"]
+                             if job_record(first)["JobState"] == "RUNNING" else None, GUARD_S)
+            other = "node2" if taken == "node1" else "node1"
+            second = sbatch(f"--exclude={other}", GROUP, "1")
+            nodes = stepping([first, second])
+            assert nodes[0] == nodes[1], nodes
+            said = warning.search(out(second))
+            assert said and said.groups() == ("0", first, nodes[0]), out(second)
+            assert not moved.search(out(second)) and not warning.search(out(first))
+            for job in (first, second):
+                end(job)
+            g = two_groups("--gres=gpu:4")  # all of a node's GPUs
+            nodes = stepping(g)
             assert nodes[0] != nodes[1], nodes
-            assert not any(warning.search(out(job)) for job in g), [out(job) for job in g]
+            assert not any(moved.search(out(job)) or warning.search(out(job)) for job in g)
             for job in g:
                 end(job)
             # --exclusive keeps the lighthouse off a group's node too: of two nodes, one is left.
@@ -538,9 +569,10 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_says_so(cluster, clust
             time.sleep(5)  # a scheduling pass or two
             waiting = job_record(g[1 - g.index(first)])
             assert waiting["JobState"] == "PENDING", waiting
-            print(f"4-GPU nodes: with --gres=gpu:2 both groups on {said[0][3]} (said by "
-                  f"{len(said)} of them); with --gres=gpu:4 on {nodes[0]} and {nodes[1]}; with "
-                  f"--exclusive one group pending ({waiting['Reason']})")
+            print(f"4-GPU nodes: with --gres=gpu:2 both groups on {m[3]}, group {m[4]} moved "
+                  f"(groups on {' and '.join(apart)}); with no other node for it, it said so; "
+                  f"with --gres=gpu:4 on {' and '.join(nodes)}; with --exclusive one group "
+                  f"pending ({waiting['Reason']})")
         finally:
             for job in jobs:
                 subprocess.run(["scancel", job], capture_output=True, timeout=30)

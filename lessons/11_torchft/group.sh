@@ -35,7 +35,7 @@
 #SBATCH --job-name=ft-group
 #SBATCH --nodes=1
 #SBATCH --ntasks=1                 # one process per group here; --ntasks=N: a group of N ranks
-#SBATCH --gres=gpu:2               # all of a local node's GPUs: one group per node, so a node lost is one group (nodes of more GPUs: --gres=gpu:<all>)
+#SBATCH --gres=gpu:2               # all of a local node's GPUs: one group per node, so a node lost is one group (nodes of more GPUs: --gres=gpu:<all>, or a group that shares a node moves: below)
 #SBATCH --cpus-per-task=2
 #SBATCH --mem=4G
 #SBATCH --time=00:30:00
@@ -68,6 +68,32 @@ if ((${SLURM_NTASKS:-1} > 1)); then
     script=train_ft_fsdp.py ranks_option="--ntasks=$SLURM_NTASKS"
 fi
 ((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
+
+# A group that must leave its nodes goes on as a new job (a running job's ExcNodeList cannot be
+# changed: lesson 12's job.sh says why), of this job's size and GPUs, given what this job was
+# given (--export: a site's default may be --export=NONE), and its output in a file named as this
+# job's. avoided: the nodes in $1 and those this job already avoided; nodes_left: the
+# partition's nodes without those in $1.
+avoided() {
+    local before
+    before=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* ExcNodeList=\([^ ]*\) .*/\1/p')
+    [[ $before == "(null)" ]] && before=
+    scontrol show hostnames "${before:+$before,}$1" | sort -u | paste -sd,
+}
+nodes_left() {
+    sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u | grep -cvxF -f <(tr , '\n' <<<"$1") || true
+}
+replace() {
+    local out base
+    out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p')
+    base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
+    [[ $lighthouse_job == given ]] || unset TORCHFT_LIGHTHOUSE  # the replacement reads the file
+    sbatch --parsable --exclude="$1" --nodes="$SLURM_NNODES" --ntasks="${SLURM_NTASKS:-1}" \
+        ${SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE} \
+        --export="ALL,FT_GROUPS=$GROUPS_N,STEPS=$STEPS,FT_DIR=$FT_DIR,CKPT_EVERY=$CKPT_EVERY${SUBSET:+,SUBSET=$SUBSET}" \
+        ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
+        "$COURSE_ROOT/lessons/11_torchft/group.sh" "$FT_GROUP" "${train_args[@]}"
+}
 
 # The lighthouse's address: given, or the one in the file its job writes, once squeue shows that
 # job running (an address whose job has ended would only fail later, in train_ft.py's check).
@@ -104,18 +130,33 @@ echo "=== job $SLURM_JOB_ID ($SLURM_JOB_NAME) run ${SLURM_RESTART_COUNT:-0} on $
      "group $FT_GROUP of $GROUPS_N, lighthouse $TORCHFT_LIGHTHOUSE (job $lighthouse_job)"
 # One node lost must end one group: this header's --gres=gpu:2 is all of a local node's GPUs,
 # but on nodes of 4 or 8 GPUs two groups fit on one node. Each group notes its nodes in FT_DIR,
-# then looks for a running group of this run on them (of two groups starting together, the
-# second to write sees the first), and says so: the training goes on, less safe.
+# under a lock so that of two groups starting together the second sees the first, and a group
+# that finds a running group of the run on one of its nodes moves: its replacement is a new job
+# without those nodes (replace, below), and this one ends before it joins the training.
 mkdir -p "$FT_DIR/groups"
+exec 9>>"$FT_DIR/groups/.lock"
+flock -w 30 9 || echo "warning: no lock on $FT_DIR/groups/.lock (flock: a filesystem without locks?): two groups starting together may not see each other" >&2
 mine=$(scontrol show hostnames "$SLURM_JOB_NODELIST")
 echo "$SLURM_JOB_ID $SLURM_JOB_NODELIST" >"$FT_DIR/groups/$FT_GROUP"
-for file in "$FT_DIR"/groups/*; do
+shared="" other=""
+for file in "$FT_DIR"/groups/[0-9]*; do
     [[ ${file##*/} == "$FT_GROUP" ]] && continue
     read -r job nodes <"$file" || continue
     [[ $(squeue -h -j "$job" -o %T 2>/dev/null) == RUNNING ]] || continue
-    shared=$(grep -xF -f <(scontrol show hostnames "$nodes") <<<"$mine" | paste -sd,) || true
-    [[ -n $shared ]] && echo "warning: group ${file##*/} (job $job) runs on $shared too: a node lost would end both groups. Give each group all of a node's GPUs (sbatch --gres=gpu:<a node's GPUs> lessons/11_torchft/group.sh $FT_GROUP), or keep it off those nodes (--exclude=$shared)" >&2
+    on=$(grep -xF -f <(scontrol show hostnames "$nodes") <<<"$mine" | paste -sd,) || true
+    [[ -n $on ]] && shared=${shared:+$shared,}$on other="group ${file##*/} (job $job)"
 done
+if [[ -n $shared ]]; then
+    excluded=$(avoided "$shared")
+    if (($(nodes_left "$excluded") >= SLURM_NNODES)); then
+        next=$(replace "$excluded")
+        rm -f "$FT_DIR/groups/$FT_GROUP"  # the replacement writes its own
+        echo "=== $(date -u '+%T') $other runs on $shared too, where a node lost would end both groups: group $FT_GROUP goes on as job $next, without $excluded"
+        exit 0
+    fi
+    echo "warning: $other runs on $shared too: a node lost would end both groups, and partition $SLURM_JOB_PARTITION has no other node for this one; training on. Give each group all of a node's GPUs (sbatch --gres=gpu:<a node's GPUs> ${ranks_option:+$ranks_option }lessons/11_torchft/group.sh $FT_GROUP), or more nodes" >&2
+fi
+exec 9>&-
 # scancel and the time limit send SIGTERM to this shell as well as to the tasks (a preemption
 # first to the tasks alone): train_ft.py leaves between two steps, saves and ends with status
 # 75. Trapped here so that this shell waits for that rather than end first, and knows it.
@@ -154,23 +195,13 @@ fi
 ((status == 3)) || exit "$status"
 
 # Status 3: train_ft.py --slow-factor found this group's node slow (lesson 12), and the group
-# left the quorum. Its replacement is a new job that avoids this node and the nodes this job
-# already avoided (a running job's ExcNodeList cannot be changed: lesson 12's job.sh says why),
-# and heals from the live groups: no checkpoint, no dependency on this job.
-excluded=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* ExcNodeList=\([^ ]*\) .*/\1/p')
-[[ $excluded == "(null)" ]] && excluded=
-excluded=$(scontrol show hostnames "${excluded:+$excluded,}$SLURMD_NODENAME" | sort -u | paste -sd,)
-left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u | grep -cvxF -f <(tr , '\n' <<<"$excluded")) || true
-if ((left < 1)); then
-    echo "error: without $excluded, partition $SLURM_JOB_PARTITION has no node for group $FT_GROUP: not resubmitted. Ask the site to look at $SLURMD_NODENAME; the other groups go on: sbatch --exclude=$excluded lessons/11_torchft/group.sh $FT_GROUP ${train_args[*]}" >&2
+# left the quorum. Its replacement avoids this node and the nodes this job already avoided, and
+# heals from the live groups: no checkpoint, no dependency on this job.
+excluded=$(avoided "$SLURMD_NODENAME")
+if (($(nodes_left "$excluded") < SLURM_NNODES)); then
+    echo "error: without $excluded, partition $SLURM_JOB_PARTITION has too few nodes for group $FT_GROUP: not resubmitted. Ask the site to look at $SLURMD_NODENAME; the other groups go on: sbatch --exclude=$excluded ${ranks_option:+$ranks_option }lessons/11_torchft/group.sh $FT_GROUP ${train_args[*]}" >&2
     exit 3
 fi
-out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p')
-base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
-[[ $lighthouse_job == given ]] || unset TORCHFT_LIGHTHOUSE  # the replacement reads the file
-next=$(sbatch --parsable --exclude="$excluded" \
-       --export="ALL,FT_GROUPS=$GROUPS_N,STEPS=$STEPS,FT_DIR=$FT_DIR,CKPT_EVERY=$CKPT_EVERY${SUBSET:+,SUBSET=$SUBSET}" \
-       ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
-       "$COURSE_ROOT/lessons/11_torchft/group.sh" "$FT_GROUP" "${train_args[@]}")
+next=$(replace "$excluded")
 echo "=== $(date -u '+%T') moved off $SLURMD_NODENAME: group $FT_GROUP goes on as job $next, without $excluded"
 exit 3
