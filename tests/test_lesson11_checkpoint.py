@@ -13,10 +13,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from helpers import ROOT
 from torch import nn
 
 from common.checkpoint import CheckpointError
-from helpers import ROOT
 
 spec = importlib.util.spec_from_file_location(
     "ft_checkpoint", ROOT / "lessons/11_torchft/ft_checkpoint.py")  # fmt: skip

@@ -492,7 +492,7 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
     the other on a node of its own. With no other node for it (the second group submitted with
     --exclude=<the other node>), it says so in one line and trains on. Given all of a node's GPUs
     (--gres=gpu:4), the groups land on two nodes; with --exclusive one waits (the lighthouse
-    holds a node)."""
+    holds a node). The groups that move are of two ranks: the new job keeps the group's size."""
     env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}
     jobs: list[str] = []
     moved = re.compile(r"^=== \S+ group (\d) \(job (\d+)\) runs on (\S+) too, where a node lost "
@@ -513,7 +513,7 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
         """Both groups stepping together; their node lists."""
         for job in g:
             wait_for(f"job {job} stepping with both groups", lambda job=job: re.search(
-                r"step \d+/\d+ \| participants 2", out(job)), GUARD_S)  # fmt: skip
+                r"step \d+/\d+ \| (participants|groups) 2", out(job)), GUARD_S)  # fmt: skip
         return [job_record(job)["NodeList"] for job in g]
 
     def two_groups(*options: str) -> list[str]:
@@ -523,7 +523,8 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
         run_up("--gpus-per-node", "4")
         try:
             lh = sbatch(LIGHTHOUSE)
-            g = two_groups()  # the header's --gres=gpu:2: Slurm puts both on one node
+            # Groups of two ranks with the header's --gres=gpu:2: Slurm puts both on one node.
+            g = two_groups("--ntasks=2")
             m = wait_for("a group moved", lambda: next((m for job in g for m in
                          moved.finditer(out(job))), None), GUARD_S)  # fmt: skip
             mover = next(job for job in g if m[0] in out(job))
@@ -534,7 +535,8 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
             assert wait_job(mover, timeout=GUARD_S)[0] == "COMPLETED"
             assert "step " not in out(mover), out(mover)  # it left before training
             record = job_record(m[5])
-            assert record["ExcNodeList"] == m[6] and record["TresPerNode"].endswith("gpu:2"), record
+            assert record["ExcNodeList"] == m[6] and record["NumTasks"] == "2", record  # its size
+            assert record["TresPerNode"].endswith("gpu:2"), record
             apart = stepping([stayer, m[5]])
             assert apart[0] != apart[1], apart
             assert not any(warning.search(out(job)) for job in (stayer, m[5]))
