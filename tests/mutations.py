@@ -288,6 +288,13 @@ MUTATIONS = (
         "groups on one 4-GPU node train on with one node able to end both, and nothing says so",
         slow=True),
     Mutation(
+        "l11-move-one-rank", "lessons/11_torchft/group.sh",
+        ' --ntasks="${SLURM_NTASKS:-1}" \\', " \\",
+        ("tests/test_lesson11_cluster.py::"
+         "test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves",),
+        "the new job of a group that moves keeps the group's size: without --ntasks it gets the "
+        "header's one task, and a group of two ranks comes back as one process", slow=True),
+    Mutation(
         "l12-bn-not-restored", "lessons/12_sick_node/train.py",
         "                    b.copy_(before)", "                    pass",
         ("tests/test_lesson12.py::test_a_nan_is_skipped_on_every_rank_as_a_planned_skip_is",),
