@@ -193,7 +193,8 @@ MUTATIONS = (
         "l09-pp-one-microbatch", "lessons/09_beyond_data_parallel/pp.py",
         "else SCHEDULES[name](stages[0], m, loss_fn=loss_fn))",
         "else SCHEDULES[name](stages[0], 1, loss_fn=loss_fn))",
-        ("tests/test_lesson09.py::test_fewer_microbatches_than_stages_run_with_gpipe_and_interleaved",),
+        ("tests/test_lesson09.py::test_fewer_microbatches_than_stages_run_with_gpipe_and_interleaved",
+         "lessons/09_beyond_data_parallel/lesson.ipynb"),
         "the schedule cuts the batch into m microbatches that overlap across the stages; given "
         "1 it runs the batch whole and nothing overlaps: the measured bubble must be at most 10 "
         "points under the formula's and 15 over (GPipe m=2: 35 to 40 % measured for 33 % at "
