@@ -21,14 +21,15 @@
 # ranks shard the model inside the group (FSDP2) while torchft averages across groups.
 # Arguments: the group's index, then train_ft.py's own (--batch-size, --lr ...). With
 # --slow-factor F (lesson 12), a group whose node computes F times slower than the other groups'
-# leaves (status 3), and this script submits its replacement, without that node.
+# leaves (status 3), and this script submits its replacement, without that node. A group that
+# starts on a node where another group of the run runs does the same before it trains.
 # FT_GROUPS (default 2): how many groups share the data. STEPS (default 2000): the quorum's
 # last step. SUBSET=N: only the first N training images.
 # FT_DIR: a folder every node mounts (default <course>/runs/torchft), where the lighthouse writes
-# "<its address> <its job id>" and the groups keep checkpoints/: the quorum's first group writes
-# one every CKPT_EVERY steps (default 100; 0: none), and a group that starts loads the newest,
-# so a run whose groups all ended goes on from there (a new run: a new FT_DIR, or remove
-# checkpoints/). The group takes the address once squeue shows that job running, waiting up to
+# "<its address> <its job id>" and the groups keep groups/ (each one's nodes) and checkpoints/:
+# the quorum's first group writes one every CKPT_EVERY steps (default 100; 0: none), and a
+# group that starts loads the newest, so a run whose groups all ended goes on from there (a new
+# run: a new FT_DIR, or remove checkpoints/). The group takes the address once squeue shows that job running, waiting up to
 # FT_WAIT_S seconds (default 30: a lighthouse still starting, a shared filesystem slow to show
 # the file). Or TORCHFT_LIGHTHOUSE=http://<host>:<port> names it directly.
 #
