@@ -31,7 +31,8 @@
 # group that starts loads the newest, so a run whose groups all ended goes on from there (a new
 # run: a new FT_DIR, or remove checkpoints/). The group takes the address once squeue shows
 # that job running, waiting up to FT_WAIT_S seconds (default 30: a lighthouse still starting, a
-# shared filesystem slow to show the file). Or TORCHFT_LIGHTHOUSE=http://<host>:<port> names it directly.
+# shared filesystem slow to show the file). Or TORCHFT_LIGHTHOUSE=http://<host>:<port> names
+# it directly.
 #
 #SBATCH --job-name=ft-group
 #SBATCH --nodes=1
