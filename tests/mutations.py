@@ -325,6 +325,20 @@ MUTATIONS = (
         "the replacement avoids the slow node: without --exclude it may land on node2 again "
         "(its first free node), and the test wants node2 in its ExcNodeList", slow=True),
     Mutation(
+        "l12-move-header-size", "lessons/12_sick_node/job.sh",
+        '--dependency="afterany:$SLURM_JOB_ID" "${same[@]}" \\',
+        '--dependency="afterany:$SLURM_JOB_ID" \\',
+        ("tests/test_lesson12.py::test_the_job_moves_at_the_size_sbatch_was_given",),
+        "the job that moves asks for what the first got on sbatch's command line (1 node): "
+        "with the header's 2 nodes and node1 excluded, sbatch refuses it on the default cluster",
+        slow=True),
+    Mutation(
+        "l12-move-keeps-master-addr", "lessons/12_sick_node/job.sh",
+        "unset MASTER_ADDR MASTER_PORT NNODES NODE_RANK NPROC_PER_NODE", ":",
+        ("tests/test_lesson12.py::test_the_job_moves_at_the_size_sbatch_was_given",),
+        "--export=ALL hands the first job's MASTER_ADDR (node1) to the job on node2, whose "
+        "ranks then wait for a rank 0 on node1 and fail to join", slow=True),
+    Mutation(
         "mnist-evaluate-all-reduce", "common/mnist.py",
         "    dist.all_reduce(totals)", "    pass",
         ("tests/test_evaluate.py::test_two_ranks_score_the_test_set_as_one_process_does",),

@@ -195,6 +195,31 @@ def test_with_no_node_to_move_to_the_job_says_so(cluster, tmp_path, fault, named
     kept.unlink()
 
 
+def test_the_job_moves_at_the_size_sbatch_was_given(cluster, tmp_path):
+    """Options on sbatch's command line are not kept with the script: the job that moves off a
+    sick node asks for what the first one got (here 1 node, 2 CPUs a task, 8 GB, 20 minutes),
+    not job.sh's header (2 nodes, which the default cluster could not give without node1)."""
+    size = ["--nodes=1", "--cpus-per-task=2", "--mem=8G", "--time=00:20:00"]
+    with cluster_lock():
+        first = slurm("sbatch", "--parsable", f"--output={tmp_path}/sick-%j.out", *size,
+                      "--nodelist=node1", "lessons/12_sick_node/job.sh", "--fault", "nan",
+                      "--fault-node", "node1", env={"STEPS": "100", "SUBSET": "2048"})  # fmt: skip
+        state1, status1, _ = wait_job(first, GUARD_S)
+        text1 = output(tmp_path / f"sick-{first}.out")
+        assert (state1, status1) == ("FAILED", 3), text1[-3000:]
+        moved = re.search(r"moved off node1: job (\d+) resumes", text1)
+        assert moved, text1[-3000:]
+        state2, _, record = wait_job(moved[1], GUARD_S)
+    text2 = output(tmp_path / f"sick-{moved[1]}.out")
+    assert state2 == "COMPLETED", text2[-3000:]
+    assert "at step 53, on node2" in text2, text2[-3000:]
+    got = {k: record.get(k) for k in ("NodeList", "NumNodes", "NumTasks", "CPUs/Task",
+                                      "MinMemoryNode", "TimeLimit")}  # fmt: skip
+    assert got == {"NodeList": "node2", "NumNodes": "1", "NumTasks": "2", "CPUs/Task": "2",
+                   "MinMemoryNode": "8G", "TimeLimit": "00:20:00"}, record  # fmt: skip
+    (ROOT / "checkpoints" / f"sick-{first}.pt").unlink(missing_ok=True)
+
+
 @pytest.fixture
 def three_nodes(cluster):
     """The cluster restarted with a third node to move to, under the lock; two after."""

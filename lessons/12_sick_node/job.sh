@@ -56,20 +56,35 @@ srun --cpus-per-task="$SLURM_CPUS_PER_TASK" python "$COURSE_ROOT/lessons/12_sick
 # a new job is submitted with --exclude: the nodes this job already avoided plus the sick one.
 # --dependency=afterany: it starts only once this job has ended and freed its nodes.
 sick=$(<"$report")
-excluded=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* ExcNodeList=\([^ ]*\) .*/\1/p')
-[[ $excluded == "(null)" ]] && excluded=
+record=$(scontrol show job -o "$SLURM_JOB_ID")
+field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$record" | grep -vx '(null)'; }
+excluded=$(field ExcNodeList) || true
 excluded=$(scontrol show hostnames "${excluded:+$excluded,}$sick" | sort -u | paste -sd,)
 left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u | grep -cvxF -f <(tr , '\n' <<<"$excluded")) || true
+# The new job asks for what this one got. Options given on sbatch's command line are not kept
+# with the script: submitted again with the header's alone, a job of 8 nodes of 8 GPUs would
+# come back as 2 of 2. Others (--constraint, --reservation, --mail-type) go in the header.
+if mem=$(field MinMemoryNode); then mem=--mem=$mem
+elif mem=$(field MinMemoryCPU); then mem=--mem-per-cpu=$mem
+fi
+same=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$SLURM_NTASKS_PER_NODE"
+      --cpus-per-task="$SLURM_CPUS_PER_TASK" ${SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE}
+      ${mem:+"$mem"} --time="$(field TimeLimit)" --partition="$SLURM_JOB_PARTITION"
+      ${SLURM_JOB_ACCOUNT:+--account=$SLURM_JOB_ACCOUNT} ${SLURM_JOB_QOS:+--qos=$SLURM_JOB_QOS})
 if ((left < SLURM_NNODES)); then
-    echo "error: without $excluded, partition $SLURM_JOB_PARTITION has $left node(s) and this job needs $SLURM_NNODES: not resubmitted. Ask the site to look at $sick; the checkpoint is kept: CHECKPOINT=$CHECKPOINT sbatch --exclude=$excluded lessons/12_sick_node/job.sh ${train_args[*]}" >&2
+    echo "error: without $excluded, partition $SLURM_JOB_PARTITION has $left node(s) and this job needs $SLURM_NNODES: not resubmitted. Ask the site to look at $sick; the checkpoint is kept: CHECKPOINT=$CHECKPOINT sbatch --exclude=$excluded ${same[*]} lessons/12_sick_node/job.sh ${train_args[*]}" >&2
     exit 3
 fi
 # The new job writes where this one writes, under its own id. Its variables are named in
 # --export, so that they reach it also where a site's default is --export=NONE (sbatch(1);
 # not yet run on the local cluster's export-none profile).
-out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p')
+out=$(field StdOut) || true
 base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
-next=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID" \
+# --export=ALL hands on this shell's environment, common.env's exports above included: they
+# describe this job (MASTER_ADDR is its first node, which the new job may not have), and an
+# exported MASTER_ADDR wins over the new job's own nodes. The new job finds its own.
+unset MASTER_ADDR MASTER_PORT NNODES NODE_RANK NPROC_PER_NODE
+next=$(sbatch --parsable --exclude="$excluded" --dependency="afterany:$SLURM_JOB_ID" "${same[@]}" \
        --export="ALL,CHECKPOINT=$CHECKPOINT,STEPS=$STEPS${SUBSET:+,SUBSET=$SUBSET}" \
        ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
        "$COURSE_ROOT/lessons/12_sick_node/job.sh" "${train_args[@]}")
