@@ -325,6 +325,13 @@ MUTATIONS = (
         "the replacement avoids the slow node: without --exclude it may land on node2 again "
         "(its first free node), and the test wants node2 in its ExcNodeList", slow=True),
     Mutation(
+        "l11-move-header-cpus", "lessons/11_torchft/group.sh",
+        '--cpus-per-task="$SLURM_CPUS_PER_TASK" ${SLURM_GPUS_ON_NODE', "${SLURM_GPUS_ON_NODE",
+        ("tests/test_lesson11_cluster.py::"
+         "test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves",),
+        "the group that moves asks for what sbatch's command line gave it (1 CPU a task): "
+        "without it the new job gets the header's 2", slow=True),
+    Mutation(
         "l12-move-header-size", "lessons/12_sick_node/job.sh",
         '--dependency="afterany:$SLURM_JOB_ID" "${same[@]}" \\',
         '--dependency="afterany:$SLURM_JOB_ID" \\',

@@ -492,7 +492,8 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
     the other on a node of its own. With no other node for it (the second group submitted with
     --exclude=<the other node>), it says so in one line and trains on. Given all of a node's GPUs
     (--gres=gpu:4), the groups land on two nodes; with --exclusive one waits (the lighthouse
-    holds a node). The groups that move are of two ranks: the new job keeps the group's size."""
+    holds a node). The groups that move are of two ranks: the new job keeps the group's size
+    and what sbatch's command line gave it (1 CPU a task, 20 minutes)."""
     env = {"FT_DIR": str(tmp_path), "SUBSET": "2048", "STEPS": "100000"}
     jobs: list[str] = []
     moved = re.compile(r"^=== \S+ group (\d) \(job (\d+)\) runs on (\S+) too, where a node lost "
@@ -524,7 +525,7 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
         try:
             lh = sbatch(LIGHTHOUSE)
             # Groups of two ranks with the header's --gres=gpu:2: Slurm puts both on one node.
-            g = two_groups("--ntasks=2")
+            g = two_groups("--ntasks=2", "--cpus-per-task=1", "--time=00:20:00")
             m = wait_for("a group moved", lambda: next((m for job in g for m in
                          moved.finditer(out(job))), None), GUARD_S)  # fmt: skip
             mover = next(job for job in g if m[0] in out(job))
@@ -536,6 +537,7 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
             assert "step " not in out(mover), out(mover)  # it left before training
             record = job_record(m[5])
             assert record["ExcNodeList"] == m[6] and record["NumTasks"] == "2", record  # its size
+            assert (record["CPUs/Task"], record["TimeLimit"]) == ("1", "00:20:00"), record
             assert record["TresPerNode"].endswith("gpu:2"), record
             apart = stepping([stayer, m[5]])
             assert apart[0] != apart[1], apart

@@ -72,9 +72,9 @@ fi
 ((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
 
 # A group that must leave its nodes goes on as a new job (a running job's ExcNodeList cannot be
-# changed: lesson 12's job.sh says why), of this job's size and GPUs, given what this job was
-# given (--export: a site's default may be --export=NONE), and its output in a file named as this
-# job's. avoided: the nodes in $1 and those this job already avoided; nodes_left: the
+# changed: lesson 12's job.sh says why) that asks for what this job got (size, GPUs, memory,
+# time limit, partition, account, QOS), given what this job was given (--export: a site's
+# default may be --export=NONE), and its output in a file named as this job's. avoided: the nodes in $1 and those this job already avoided; nodes_left: the
 # partition's nodes without those in $1.
 avoided() {
     local before
@@ -86,12 +86,19 @@ nodes_left() {
     sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u | grep -cvxF -f <(tr , '\n' <<<"$1") || true
 }
 replace() {
-    local out base
-    out=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* StdOut=\([^ ]*\).*/\1/p')
+    local record out base mem
+    record=$(scontrol show job -o "$SLURM_JOB_ID")
+    out=$(sed -n 's/.* StdOut=\([^ ]*\).*/\1/p' <<<"$record")
     base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
+    # What this job got, also from sbatch's command line, which is not kept with the script.
+    mem=$(sed -n 's/.* MinMemory\(Node\|CPU\)=\([^ ]*\).*/\1=\2/p' <<<"$record")
+    mem=${mem/Node=/--mem=} mem=${mem/CPU=/--mem-per-cpu=}
     [[ $lighthouse_job == given ]] || unset TORCHFT_LIGHTHOUSE  # the replacement reads the file
     sbatch --parsable --exclude="$1" --nodes="$SLURM_NNODES" --ntasks="${SLURM_NTASKS:-1}" \
-        ${SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE} \
+        --cpus-per-task="$SLURM_CPUS_PER_TASK" ${SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE} \
+        ${mem:+"$mem"} --time="$(sed -n 's/.* TimeLimit=\([^ ]*\).*/\1/p' <<<"$record")" \
+        --partition="$SLURM_JOB_PARTITION" ${SLURM_JOB_ACCOUNT:+--account=$SLURM_JOB_ACCOUNT} \
+        ${SLURM_JOB_QOS:+--qos=$SLURM_JOB_QOS} \
         --export="ALL,FT_GROUPS=$GROUPS_N,STEPS=$STEPS,FT_DIR=$FT_DIR,CKPT_EVERY=$CKPT_EVERY${SUBSET:+,SUBSET=$SUBSET}" \
         ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
         "$COURSE_ROOT/lessons/11_torchft/group.sh" "$FT_GROUP" "${train_args[@]}"
