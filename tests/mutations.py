@@ -346,6 +346,13 @@ MUTATIONS = (
         "--export=ALL hands the first job's MASTER_ADDR (node1) to the job on node2, whose "
         "ranks then wait for a rank 0 on node1 and fail to join", slow=True),
     Mutation(
+        "l12-move-no-export", "lessons/12_sick_node/job.sh",
+        '       --export="ALL,CHECKPOINT=$CHECKPOINT,STEPS=$STEPS${SUBSET:+,SUBSET=$SUBSET}" \\',
+        "       \\",
+        ("tests/test_site_profiles.py::test_export_none_site_lesson12_moves_off_a_sick_node",),
+        "where sbatch defaults to --export=NONE the job that moves gets only what it names: "
+        "without --export it has no CHECKPOINT and trains from step 0", slow=True),
+    Mutation(
         "mnist-evaluate-all-reduce", "common/mnist.py",
         "    dist.all_reduce(totals)", "    pass",
         ("tests/test_evaluate.py::test_two_ranks_score_the_test_set_as_one_process_does",),

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, cluster_lock, run_up, submit_job
+from conftest import ROOT, cluster_lock, run_up, slurm, submit_job, wait_job
 
 pytestmark = pytest.mark.sites
 
@@ -74,6 +74,31 @@ def test_export_none_site(cluster, tmp_path):
         Path(saved[1]).unlink(missing_ok=True)
     assert status03 == 0 and "world size 4 (2 node(s) x 2)" in out03, out03
     assert "done: test_acc " in out03 and " after 1 epochs" in out03, out03
+
+
+@pytest.mark.timeout(900)
+def test_export_none_site_lesson12_moves_off_a_sick_node(cluster, tmp_path):
+    """Lesson 12's job where sbatch defaults to --export=NONE: the job it submits to move off a
+    sick node names what it hands on (--export=ALL,CHECKPOINT=...), which wins over the site's
+    default, and resumes at the saved step on the other node. Its size and steps are given on
+    the command line (variables of the shell would not reach the job here)."""
+    with site("export-none"):
+        first = slurm("sbatch", "--parsable", f"--output={tmp_path}/sick-%j.out", "--nodes=1",
+                      "--nodelist=node1", "lessons/12_sick_node/job.sh", "--fault", "nan",
+                      "--fault-node", "node1", "--steps", "100", "--train-subset", "2048",
+                      "--test-subset", "2048")  # fmt: skip
+        state1, status1, _ = wait_job(first, 300)
+        text1 = (tmp_path / f"sick-{first}.out").read_text()
+        moved = re.search(r"moved off node1: job (\d+) resumes", text1)
+        assert (state1, status1) == ("FAILED", 3) and moved, text1[-3000:]
+        state2, _, record = wait_job(moved[1], 300)
+    text2 = (tmp_path / f"sick-{moved[1]}.out").read_text()
+    # The first job started as the site starts every job; the one it submitted, as it asked.
+    assert text1.startswith(NOTE) and NOTE not in text2, (text1[:300], text2[:300])
+    assert state2 == "COMPLETED" and record["NodeList"] == "node2", text2[-3000:]
+    assert re.search(r"^resumed from \S+ at step 53, on node2$", text2, re.M), text2[-3000:]
+    assert re.search(r"^done: test_acc [\d.]+% after 100 steps", text2, re.M), text2[-3000:]
+    (ROOT / "checkpoints" / f"sick-{first}.pt").unlink(missing_ok=True)
 
 
 @pytest.mark.timeout(600)

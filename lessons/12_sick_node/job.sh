@@ -76,8 +76,8 @@ if ((left < SLURM_NNODES)); then
     exit 3
 fi
 # The new job writes where this one writes, under its own id. Its variables are named in
-# --export, so that they reach it also where a site's default is --export=NONE (sbatch(1);
-# not yet run on the local cluster's export-none profile).
+# --export, so that they reach it also where a site's default is --export=NONE (sbatch(1); run
+# on the local cluster's export-none profile by tests/test_site_profiles.py).
 out=$(field StdOut) || true
 base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
 # --export=ALL hands on this shell's environment, common.env's exports above included: they
