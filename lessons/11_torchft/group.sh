@@ -72,10 +72,11 @@ fi
 ((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
 
 # A group that must leave its nodes goes on as a new job (a running job's ExcNodeList cannot be
-# changed: lesson 12's job.sh says why) that asks for what this job got (size, GPUs, memory,
-# time limit, partition, account, QOS), given what this job was given (--export: a site's
-# default may be --export=NONE), and its output in a file named as this job's. avoided: the nodes in $1 and those this job already avoided; nodes_left: the
-# partition's nodes without those in $1.
+# changed: lesson 12's job.sh says why) that asks for what this job got (size, GPUs, CPUs,
+# memory, time limit, partition, account, QOS), given what this job was given (--export: a
+# site's default may be --export=NONE), and its output in a file named as this job's.
+# avoided: the nodes in $1 and those this job already avoided; nodes_left: the partition's
+# nodes without those in $1.
 avoided() {
     local before
     before=$(scontrol show job -o "$SLURM_JOB_ID" | sed -n 's/.* ExcNodeList=\([^ ]*\) .*/\1/p')
