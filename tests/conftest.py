@@ -322,15 +322,69 @@ def slurm(*args, timeout: float = 30, env: dict[str, str] | None = None) -> str:
     return out.split(";")[0] if tuple(map(str, args[:2])) == ("sbatch", "--parsable") else out
 
 
+_ON_TIMEOUT: list = []
+
+
+@contextlib.contextmanager
+def on_timeout(report):
+    """Inside it, a wait_for that times out adds REPORT()'s text to its failure (what the jobs
+    were doing: jobs_report), so that a wait that fails in CI says where things stood."""
+    _ON_TIMEOUT.append(report)
+    try:
+        yield
+    finally:
+        _ON_TIMEOUT.remove(report)
+
+
 def wait_for(what: str, predicate, timeout: float, poll: float = 0.3):
-    """Poll ``predicate`` until it returns something true (returned), or fail after timeout."""
+    """Poll ``predicate`` until it returns something true (returned), or fail after timeout,
+    with the reports of the on_timeout blocks it runs in."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(poll)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}", pytrace=False)
+    reports = []
+    for report in _ON_TIMEOUT:
+        try:
+            reports.append(report())
+        except Exception as exc:  # a report must not hide the timeout it explains
+            reports.append(f"(the report failed: {exc!r})")
+    pytest.fail("\n".join([f"timed out after {timeout} s waiting for {what}", *reports]),
+                pytrace=False)  # fmt: skip
+
+
+def jobs_report(jobs: list[str], outputs: Path, processes: str) -> str:
+    """JOBS' states and steps (squeue), the end of each output file in OUTPUTS, the stacks
+    (py-spy) of the Python processes on this machine (the local cluster's nodes) whose
+    command line matches the regular expression PROCESSES, the nodes' states and the cluster's
+    logs."""
+    from helpers import pid_stacks
+
+    parts = [f"jobs {' '.join(jobs)}:"]
+    for extra in (["--format=%i %j %T %M %N %R"], ["--steps", "--format=%i %M %N"]):
+        if jobs:
+            q = subprocess.run(["squeue", "--jobs", ",".join(jobs), *extra], capture_output=True,
+                               text=True, timeout=30)  # fmt: skip
+            parts.append((q.stdout + q.stderr).rstrip())
+    for path in sorted(outputs.glob("*.out")) + sorted(outputs.glob("*.log")):
+        text = path.read_text(errors="replace").splitlines()[-25:]
+        parts.append(f"--- {path.name} (last 25 lines)\n" + "\n".join(text))
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            command = cmdline.read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        python = Path(command.split(" ", 1)[0]).name.startswith("python")  # not srun's
+        if python and re.search(processes, command) and "pytest" not in command:
+            pids.append(int(cmdline.parent.name))
+    parts.append(f"--- stacks of the processes matching {processes!r}:\n"
+                 + (pid_stacks(sorted(pids), timeout=30) or "(none runs)"))  # fmt: skip
+    nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True,
+                           timeout=30)  # fmt: skip
+    return "\n".join([*parts, f"--- the nodes:\n{nodes.stdout}{nodes.stderr}", _log_tail(15)])
 
 
 def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 300,

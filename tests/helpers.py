@@ -110,7 +110,11 @@ def stacks(procs, timeout: float = 60) -> str:
     too). For a test's failure message before it kills them, so that a hang says where it was.
     Empty when none runs; one line saying why there are no stacks when py-spy is missing
     (requirements.txt installs it, as lesson 06 uses it) or cannot read a process."""
-    pids = _descendants([p.pid for p in procs if p.poll() is None])
+    return pid_stacks(_descendants([p.pid for p in procs if p.poll() is None]), timeout)
+
+
+def pid_stacks(pids: list[int], timeout: float = 60) -> str:
+    """stacks() of the processes PIDS (those of a job's steps, found by their command line)."""
     if not pids:
         return ""
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")

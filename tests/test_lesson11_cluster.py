@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import job_record, run_up, slurm, wait_for, wait_job
+from conftest import job_record, jobs_report, on_timeout, run_up, slurm, wait_for, wait_job
 from helpers import require_torchft
 
 require_torchft()  # skipped where requirements.txt installs none, failed where it breaks
@@ -44,6 +44,8 @@ LEFT = re.compile(r"\[group \d\] SIGTERM \(scancel, a preemption, the time limit
                   r"between steps (\d+) and \d+ \| state (\w+);")  # fmt: skip
 RESUMED = re.compile(r"\[group \d\] resumed from (\S+)/step-(\d+): step (\d+) \| state (\w+)$",
                      re.M)  # fmt: skip
+# The training's processes, whose stacks a wait that times out shows (the groups' python).
+TRAINING = r"python \S*lessons/11_torchft/train_ft"
 GUARD_S = 240  # hang guards only: the slow kind of machine takes twice as long
 SITE = "no-requeue"  # JobRequeue=0: only a job submitted with --requeue is requeued
 
@@ -109,7 +111,7 @@ def test_a_group_whose_node_fails_is_requeued_and_heals_bit_for_bit(cluster, clu
         path = Path(tmp_path) / f"{name}-{job}.out"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    with cluster_lock():
+    with cluster_lock(), on_timeout(lambda: jobs_report(jobs, tmp_path, TRAINING)):
         run_up("--site", SITE)
         try:
             config = slurm("scontrol", "show", "config")
@@ -294,7 +296,7 @@ def test_a_crashed_node_is_found_by_timeouts_and_its_group_heals(cluster, cluste
         assert proc.returncode == 0, proc.stdout + proc.stderr
         return proc.stdout
 
-    with cluster_lock():
+    with cluster_lock(), on_timeout(lambda: jobs_report(jobs, tmp_path, TRAINING)):
         run_up("--nodes", "3")
         try:
             lh = sbatch(LIGHTHOUSE, name="lighthouse")
@@ -433,7 +435,7 @@ def test_groups_of_two_ranks_heal_each_shard_from_the_peer_rank(cluster, cluster
         return {int(m[1]): m[2] for m in re.finditer(
             rf"\[group \d rank {rank}\] step (\d+)/\d+ \|.* \| shard (\w+)$", out(job), re.M)}
 
-    with cluster_lock():
+    with cluster_lock(), on_timeout(lambda: jobs_report(jobs, tmp_path, TRAINING)):
         run_up()
         try:
             lh = sbatch(LIGHTHOUSE)
@@ -520,7 +522,7 @@ def test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves(cluster, cluster
     def two_groups(*options: str) -> list[str]:
         return [sbatch(f"--dependency=after:{lh}", *options, GROUP, str(n)) for n in range(2)]
 
-    with cluster_lock():
+    with cluster_lock(), on_timeout(lambda: jobs_report(jobs, tmp_path, TRAINING)):
         run_up("--gpus-per-node", "4")
         try:
             lh = sbatch(LIGHTHOUSE)

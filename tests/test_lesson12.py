@@ -22,7 +22,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cluster_lock, job_environ, job_record, run_up, slurm, wait_for, wait_job
+from conftest import (
+    cluster_lock,
+    job_environ,
+    job_record,
+    jobs_report,
+    on_timeout,
+    run_up,
+    slurm,
+    wait_for,
+    wait_job,
+)
 from helpers import clean_environ, stacks, start_ranks
 
 pytestmark = pytest.mark.lesson12
@@ -303,52 +313,55 @@ def test_a_torchft_group_on_a_slowed_node_leaves_and_is_replaced_elsewhere(three
     def out(name: str, job: str) -> str:
         return output(tmp_path / f"{name}-{job}.out")
 
-    try:
-        lh = sbatch("lessons/11_torchft/lighthouse.sh", name="lighthouse",
-                    extra={"MIN_REPLICAS": "2"})
-        g0, g1 = (sbatch(f"--dependency=after:{lh}", "lessons/11_torchft/group.sh", str(g),
-                         "--slow-factor", "3", name="group") for g in (0, 1))  # fmt: skip
-        wait_for("both groups past their first window", lambda: re.search(
-            r"step \d+/\d+ \| participants 2", out("group", g1)), 3 * GUARD_S)  # fmt: skip
-        node = job_record(g1)["NodeList"]
-        assert node == "node2", job_record(g1)  # the README slows node2: group 1's node
-        # 600 s, not the default 120: three windows of 10 slowed steps took 150 s and more
-        # beside CI's lanes (5 s a step on Slurm 26.05; the slowing ends with the group anyway).
-        slow = subprocess.run(["bash", "lessons/12_sick_node/slow_node.sh", g1, node, "600"],
-                              cwd=ROOT, capture_output=True, text=True, timeout=3 * GUARD_S,
-                              env=job_environ())  # fmt: skip
-        state1, status1, _ = wait_job(g1, GUARD_S)
-        text1 = out("group", g1)
-        assert (state1, status1) == ("FAILED", 3), text1[-3000:] + slow.stdout + slow.stderr
-        left = re.search(r"leaving at step (\d+): this group's node node2 computes [\d.]+x "
-                         r"[\d.]+x [\d.]+x the other groups' median", text1)  # fmt: skip
-        assert left, text1[-3000:]
-        moved = re.search(r"moved off node2: group 1 goes on as job (\d+), without node2", text1)
-        assert moved, text1[-3000:]
-        g1b = moved[1]
-        jobs.append(g1b)
-        # The live group saw the same windows, waited for a second group, and went on with the
-        # replacement.
-        text0 = out("group", g0)
-        assert "slow: group 1 computes" in text0, text0[-3000:]
-        healed = wait_for("the replacement to heal", lambda: re.search(
-            r"healed: step \d+ -> (\d+)", out("group", g1b)), GUARD_S)  # fmt: skip
-        assert int(healed[1]) >= int(left[1]), out("group", g1b)  # where group 0 waited
-        for g in (g0, g1b):
-            state, _, record = wait_job(g, 3 * GUARD_S)
-            assert state == "COMPLETED", out("group", g)[-3000:]
-        record = job_record(g1b)
-        assert record["NodeList"] != "node2" and record["ExcNodeList"] == "node2", record
-        assert int(job_record(g0)["Restarts"]) == 0
-        # Every state both logged after the heal is the same, bit for bit, to the last step.
-        after0, after1 = ft_hashes(out("group", g0)), ft_hashes(out("group", g1b))
-        common = sorted(s for s in after1 if s > int(healed[1]) and s in after0)
-        assert common and common[-1] == 300, (after0, after1)
-        assert all(after0[s] == after1[s] for s in common), (after0, after1)
-        # No false alarm on the nodes left: neither group left again (one window over the
-        # factor may come under CI's load, 3.3x once beside a load average of 22; three in a
-        # row are needed).
-        assert "leaving at" not in out("group", g0) + out("group", g1b)
-    finally:
-        for job in jobs:
-            subprocess.run(["scancel", job], capture_output=True, timeout=30)
+    training = r"python \S*lessons/11_torchft/train_ft"  # whose stacks a wait's timeout shows
+    with on_timeout(lambda: jobs_report(jobs, tmp_path, training)):
+        try:
+            lh = sbatch("lessons/11_torchft/lighthouse.sh", name="lighthouse",
+                        extra={"MIN_REPLICAS": "2"})
+            g0, g1 = (sbatch(f"--dependency=after:{lh}", "lessons/11_torchft/group.sh", str(g),
+                             "--slow-factor", "3", name="group") for g in (0, 1))  # fmt: skip
+            wait_for("both groups past their first window", lambda: re.search(
+                r"step \d+/\d+ \| participants 2", out("group", g1)), 3 * GUARD_S)  # fmt: skip
+            node = job_record(g1)["NodeList"]
+            assert node == "node2", job_record(g1)  # the README slows node2: group 1's node
+            # 600 s, not the default 120: three windows of 10 slowed steps took 150 s and more
+            # beside CI's lanes (5 s a step on Slurm 26.05; the slowing ends with the group anyway).
+            slow = subprocess.run(["bash", "lessons/12_sick_node/slow_node.sh", g1, node, "600"],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=3 * GUARD_S,
+                                  env=job_environ())  # fmt: skip
+            state1, status1, _ = wait_job(g1, GUARD_S)
+            text1 = out("group", g1)
+            assert (state1, status1) == ("FAILED", 3), text1[-3000:] + slow.stdout + slow.stderr
+            left = re.search(r"leaving at step (\d+): this group's node node2 computes [\d.]+x "
+                             r"[\d.]+x [\d.]+x the other groups' median", text1)  # fmt: skip
+            assert left, text1[-3000:]
+            moved = re.search(r"moved off node2: group 1 goes on as job (\d+), without node2",
+                              text1)  # fmt: skip
+            assert moved, text1[-3000:]
+            g1b = moved[1]
+            jobs.append(g1b)
+            # The live group saw the same windows, waited for a second group, and went on with the
+            # replacement.
+            text0 = out("group", g0)
+            assert "slow: group 1 computes" in text0, text0[-3000:]
+            healed = wait_for("the replacement to heal", lambda: re.search(
+                r"healed: step \d+ -> (\d+)", out("group", g1b)), GUARD_S)  # fmt: skip
+            assert int(healed[1]) >= int(left[1]), out("group", g1b)  # where group 0 waited
+            for g in (g0, g1b):
+                state, _, record = wait_job(g, 3 * GUARD_S)
+                assert state == "COMPLETED", out("group", g)[-3000:]
+            record = job_record(g1b)
+            assert record["NodeList"] != "node2" and record["ExcNodeList"] == "node2", record
+            assert int(job_record(g0)["Restarts"]) == 0
+            # Every state both logged after the heal is the same, bit for bit, to the last step.
+            after0, after1 = ft_hashes(out("group", g0)), ft_hashes(out("group", g1b))
+            common = sorted(s for s in after1 if s > int(healed[1]) and s in after0)
+            assert common and common[-1] == 300, (after0, after1)
+            assert all(after0[s] == after1[s] for s in common), (after0, after1)
+            # No false alarm on the nodes left: neither group left again (one window over the
+            # factor may come under CI's load, 3.3x once beside a load average of 22; three in a
+            # row are needed).
+            assert "leaving at" not in out("group", g0) + out("group", g1b)
+        finally:
+            for job in jobs:
+                subprocess.run(["scancel", job], capture_output=True, timeout=30)
