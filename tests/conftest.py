@@ -362,12 +362,17 @@ def jobs_report(jobs: list[str], outputs: Path, processes: str) -> str:
     logs."""
     from helpers import pid_stacks
 
+    def run(*args: str) -> str:  # a report without Slurm's commands says so and goes on
+        try:
+            proc = subprocess.run(args, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"({args[0]}: {exc})"
+        return (proc.stdout + proc.stderr).rstrip()
+
     parts = [f"jobs {' '.join(jobs)}:"]
-    for extra in (["--format=%i %j %T %M %N %R"], ["--steps", "--format=%i %M %N"]):
-        if jobs:
-            q = subprocess.run(["squeue", "--jobs", ",".join(jobs), *extra], capture_output=True,
-                               text=True, timeout=30)  # fmt: skip
-            parts.append((q.stdout + q.stderr).rstrip())
+    if jobs:
+        parts.append(run("squeue", "--jobs", ",".join(jobs), "--format=%i %j %T %M %N %R"))
+        parts.append(run("squeue", "--jobs", ",".join(jobs), "--steps", "--format=%i %M %N"))
     for path in sorted(outputs.glob("*.out")) + sorted(outputs.glob("*.log")):
         text = path.read_text(errors="replace").splitlines()[-25:]
         parts.append(f"--- {path.name} (last 25 lines)\n" + "\n".join(text))
@@ -382,9 +387,8 @@ def jobs_report(jobs: list[str], outputs: Path, processes: str) -> str:
             pids.append(int(cmdline.parent.name))
     parts.append(f"--- stacks of the processes matching {processes!r}:\n"
                  + (pid_stacks(sorted(pids), timeout=30) or "(none runs)"))  # fmt: skip
-    nodes = subprocess.run(["sinfo", "-N", "-o", "%N %P %T %E"], capture_output=True, text=True,
-                           timeout=30)  # fmt: skip
-    return "\n".join([*parts, f"--- the nodes:\n{nodes.stdout}{nodes.stderr}", _log_tail(15)])
+    nodes = run("sinfo", "-N", "-o", "%N %P %T %E")
+    return "\n".join([*parts, f"--- the nodes:\n{nodes}", _log_tail(15)])
 
 
 def submit_job(tmp_path: Path, script, *job_args, env=None, timeout: float = 300,
