@@ -393,3 +393,46 @@ course_requeue_or_end() {
     fi
     exit 0
 }
+
+# course_same_request: what this job got, as sbatch options (one per line), for the job that goes
+# on in its place elsewhere (lesson 11's group.sh and lesson 12's job.sh move off a node: a
+# running job's nodes cannot be changed). Options typed on sbatch's command line are not kept
+# with the script, so they are read back from slurmctld's record of this job: CPUs per task,
+# GPUs (per node, per job or per task, with their type), memory, time limit, partition, account,
+# QOS, features (--constraint), reservation and whole nodes (--exclusive). Nodes and tasks are the caller's.
+# Memory: a job given --mem-per-gpu runs with MinMemoryNode=0 in its record, which as --mem=0
+# would ask for all of each node's memory (and be refused beside a header's --mem-per-gpu), so
+# MemPerTres is read first.
+course_same_request() {
+    local record value
+    record=$(scontrol show job -o "$SLURM_JOB_ID") || return 1
+    _course_field() { sed -n "s|.* $1=\([^ ]*\).*|\1|p" <<<"$record" | grep -vx '(null)'; }
+    echo "--cpus-per-task=$(_course_field CPUs/Task)"
+    # GPUs, with their type if given: "gres:gpu:2" (22.05, 24.11), "gres/gpu:2" and per task
+    # "gres/gpu=1" (26.05, whose TresPerTask also says "cpu=N" for --cpus-per-task).
+    _course_gpus() { [[ $(_course_field "$1") =~ gres[:/]gpu[:=]([^,]+) ]] && echo "${BASH_REMATCH[1]}"; }
+    if value=$(_course_gpus TresPerNode); then echo "--gres=gpu:$value"
+    elif value=$(_course_gpus TresPerJob); then echo "--gpus=$value"
+    elif value=$(_course_gpus TresPerTask); then echo "--gpus-per-task=$value"
+    fi
+    if value=$(_course_field MemPerTres) && [[ $value =~ gpu:([0-9]+)$ ]]; then
+        echo "--mem-per-gpu=${BASH_REMATCH[1]}M"
+    elif value=$(_course_field MinMemoryNode); then echo "--mem=$value"
+    elif value=$(_course_field MinMemoryCPU); then echo "--mem-per-cpu=$value"
+    fi
+    echo "--time=$(_course_field TimeLimit)"
+    echo "--partition=$SLURM_JOB_PARTITION"
+    [[ -n ${SLURM_JOB_ACCOUNT:-} ]] && echo "--account=$SLURM_JOB_ACCOUNT"
+    [[ -n ${SLURM_JOB_QOS:-} ]] && echo "--qos=$SLURM_JOB_QOS"
+    if value=$(_course_field Features); then echo "--constraint=$value"; fi
+    if value=$(_course_field Reservation); then echo "--reservation=$value"; fi
+    # Whole nodes: Slurm 26.05 prints Exclusive= (NO, NODE, USER, MCS, TOPO), before it one field
+    # said both, OverSubscribe=NO for --exclusive (job_share_string, src/common/slurm_protocol_defs.c).
+    if value=$(_course_field Exclusive); then
+        case $value in NODE) echo "--exclusive" ;; USER | MCS | TOPO) echo "--exclusive=${value,,}" ;; esac
+    else
+        value=$(_course_field OverSubscribe) || true
+        case $value in NO) echo "--exclusive" ;; USER | MCS) echo "--exclusive=${value,,}" ;; esac
+    fi
+    return 0
+}

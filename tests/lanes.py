@@ -37,6 +37,7 @@ EVERY_SLURM = (
     "tests/test_cluster_preempt.py::",
     "tests/test_cluster_student.py::test_student_runs_lesson00",
     "tests/test_env_on_cluster.py::",
+    "tests/test_same_request.py::",
     "tests/test_lesson00.py::test_anatomy_job_steps_and_tasks",
     "tests/test_lesson00.py::test_memory_job_over_its_mem",
     "tests/test_lesson00.py::test_salloc_srun_and_task_placement",

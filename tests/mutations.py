@@ -326,11 +326,18 @@ MUTATIONS = (
         "(its first free node), and the test wants node2 in its ExcNodeList", slow=True),
     Mutation(
         "l11-move-header-cpus", "lessons/11_torchft/group.sh",
-        '--cpus-per-task="$SLURM_CPUS_PER_TASK" ${SLURM_GPUS_ON_NODE', "${SLURM_GPUS_ON_NODE",
+        '--ntasks="${SLURM_NTASKS:-1}" "${same[@]}" \\', '--ntasks="${SLURM_NTASKS:-1}" \\',
         ("tests/test_lesson11_cluster.py::"
          "test_on_nodes_of_four_gpus_a_group_that_shares_a_node_moves",),
         "the group that moves asks for what sbatch's command line gave it (1 CPU a task): "
         "without it the new job gets the header's 2", slow=True),
+    Mutation(
+        "common-same-request-mem-per-gpu", "common/job_env.sh",
+        "if value=$(_course_field MemPerTres) && [[ $value =~ gpu:([0-9]+)$ ]]; then",
+        "if false; then",
+        ("tests/test_same_request.py",),
+        "a job given --mem-per-gpu runs with MinMemoryNode=0: read as --mem=0, the job in its "
+        "place would ask for all of each node's memory, and its record differs", slow=True),
     Mutation(
         "l12-move-header-size", "lessons/12_sick_node/job.sh",
         '--dependency="afterany:$SLURM_JOB_ID" "${same[@]}" \\',

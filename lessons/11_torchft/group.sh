@@ -72,8 +72,8 @@ fi
 ((CKPT_EVERY == 0)) || set -- --ckpt-dir "$FT_DIR/checkpoints" --ckpt-every "$CKPT_EVERY" "$@"
 
 # A group that must leave its nodes goes on as a new job (a running job's ExcNodeList cannot be
-# changed: lesson 12's job.sh says why) that asks for what this job got (size, GPUs, CPUs,
-# memory, time limit, partition, account, QOS), given what this job was given (--export: a
+# changed: lesson 12's job.sh says why) that asks for what this job got (its size, and
+# course_same_request's options: common/job_env.sh), given what this job was given (--export: a
 # site's default may be --export=NONE), and its output in a file named as this job's.
 # avoided: the nodes in $1 and those this job already avoided; nodes_left: the partition's
 # nodes without those in $1.
@@ -87,19 +87,14 @@ nodes_left() {
     sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u | grep -cvxF -f <(tr , '\n' <<<"$1") || true
 }
 replace() {
-    local record out base mem
+    local record out base request same
     record=$(scontrol show job -o "$SLURM_JOB_ID")
     out=$(sed -n 's/.* StdOut=\([^ ]*\).*/\1/p' <<<"$record")
     base=${out##*/}  # its file name: this job's id there becomes the new job's (%j)
-    # What this job got, also from sbatch's command line, which is not kept with the script.
-    mem=$(sed -n 's/.* MinMemory\(Node\|CPU\)=\([^ ]*\).*/\1=\2/p' <<<"$record")
-    mem=${mem/Node=/--mem=} mem=${mem/CPU=/--mem-per-cpu=}
+    request=$(course_same_request)  # also what sbatch's command line gave, not kept with the script
+    mapfile -t same <<<"$request"
     [[ $lighthouse_job == given ]] || unset TORCHFT_LIGHTHOUSE  # the replacement reads the file
-    sbatch --parsable --exclude="$1" --nodes="$SLURM_NNODES" --ntasks="${SLURM_NTASKS:-1}" \
-        --cpus-per-task="$SLURM_CPUS_PER_TASK" ${SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE} \
-        ${mem:+"$mem"} --time="$(sed -n 's/.* TimeLimit=\([^ ]*\).*/\1/p' <<<"$record")" \
-        --partition="$SLURM_JOB_PARTITION" ${SLURM_JOB_ACCOUNT:+--account=$SLURM_JOB_ACCOUNT} \
-        ${SLURM_JOB_QOS:+--qos=$SLURM_JOB_QOS} \
+    sbatch --parsable --exclude="$1" --nodes="$SLURM_NNODES" --ntasks="${SLURM_NTASKS:-1}" "${same[@]}" \
         --export="ALL,FT_GROUPS=$GROUPS_N,STEPS=$STEPS,FT_DIR=$FT_DIR,CKPT_EVERY=$CKPT_EVERY${SUBSET:+,SUBSET=$SUBSET}" \
         ${out:+--output="${out%/*}/${base//$SLURM_JOB_ID/%j}"} \
         "$COURSE_ROOT/lessons/11_torchft/group.sh" "$FT_GROUP" "${train_args[@]}"

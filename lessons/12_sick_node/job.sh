@@ -61,18 +61,14 @@ field() { sed -n "s/.* $1=\([^ ]*\).*/\1/p" <<<"$record" | grep -vx '(null)'; }
 excluded=$(field ExcNodeList) || true
 excluded=$(scontrol show hostnames "${excluded:+$excluded,}$sick" | sort -u | paste -sd,)
 left=$(sinfo -h -N -p "$SLURM_JOB_PARTITION" -o %N | sort -u | grep -cvxF -f <(tr , '\n' <<<"$excluded")) || true
-# The new job asks for what this one got. Options given on sbatch's command line are not kept
-# with the script: submitted again with the header's alone, a job of 8 nodes of 8 GPUs would
-# come back as 2 of 2. Others (--constraint, --reservation, --mail-type) go in the header.
-if mem=$(field MinMemoryNode); then mem=--mem=$mem
-elif mem=$(field MinMemoryCPU); then mem=--mem-per-cpu=$mem
-fi
-same=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks-per-node="$SLURM_NTASKS_PER_NODE"
-      --cpus-per-task="$SLURM_CPUS_PER_TASK" ${SLURM_GPUS_ON_NODE:+--gres=gpu:$SLURM_GPUS_ON_NODE}
-      ${mem:+"$mem"} --time="$(field TimeLimit)" --partition="$SLURM_JOB_PARTITION"
-      ${SLURM_JOB_ACCOUNT:+--account=$SLURM_JOB_ACCOUNT} ${SLURM_JOB_QOS:+--qos=$SLURM_JOB_QOS})
+# The new job asks for what this one got: options given on sbatch's command line are not kept
+# with the script, and submitted again with the header's alone, a job of 8 nodes of 8 GPUs would
+# come back as 2 of 2. course_same_request (common/job_env.sh) reads them back from slurmctld.
+request=$(course_same_request)
+mapfile -t same <<<"$request"
+same=(--nodes="$SLURM_JOB_NUM_NODES" --ntasks="$SLURM_NTASKS" --ntasks-per-node="$SLURM_NTASKS_PER_NODE" "${same[@]}")
 if ((left < SLURM_NNODES)); then
-    echo "error: without $excluded, partition $SLURM_JOB_PARTITION has $left node(s) and this job needs $SLURM_NNODES: not resubmitted. Ask the site to look at $sick; the checkpoint is kept: CHECKPOINT=$CHECKPOINT sbatch --exclude=$excluded ${same[*]} lessons/12_sick_node/job.sh ${train_args[*]}" >&2
+    echo "error: without $excluded, partition $SLURM_JOB_PARTITION has $left node(s) and this job needs $SLURM_NNODES: not resubmitted. Ask the site to look at $sick; the checkpoint is kept: CHECKPOINT=$CHECKPOINT sbatch --exclude=$excluded $(printf '%q ' "${same[@]}")lessons/12_sick_node/job.sh ${train_args[*]}" >&2
     exit 3
 fi
 # The new job writes where this one writes, under its own id. Its variables are named in
