@@ -57,13 +57,14 @@ def compared(record, key):
 @pytest.fixture
 def site_options(cluster):
     """A node feature on both nodes and a reservation of node1 for this user (a job without it
-    runs on node2), under the lock; both removed after (the cluster declares neither)."""
+    runs on node2), under the lock; both removed after (the cluster declares neither). The
+    reservation lasts 5 minutes, so that a run killed before its cleanup frees node1 soon."""
     with cluster_lock():
         slurm("scontrol", "update", "NodeName=node[1-2]", f"AvailableFeatures={FEATURE}",
               f"ActiveFeatures={FEATURE}")  # fmt: skip
         try:
             slurm("scontrol", "create", "reservation", f"ReservationName={RESERVATION}",
-                  "Nodes=node1", "Users=root", "StartTime=now", "Duration=30",
+                  "Nodes=node1", "Users=root", "StartTime=now", "Duration=5",
                   "Flags=IGNORE_JOBS")  # fmt: skip
             try:
                 yield
