@@ -399,7 +399,8 @@ course_requeue_or_end() {
 # running job's nodes cannot be changed). Options typed on sbatch's command line are not kept
 # with the script, so they are read back from slurmctld's record of this job: CPUs per task,
 # GPUs (per node, per job or per task, with their type), memory, time limit, partition, account,
-# QOS, features (--constraint), reservation and whole nodes (--exclusive). Nodes and tasks are the caller's.
+# QOS, features (--constraint), reservation and whole nodes (--exclusive). Nodes and tasks are
+# the caller's.
 # Memory: a job given --mem-per-gpu runs with MinMemoryNode=0 in its record, which as --mem=0
 # would ask for all of each node's memory (and be refused beside a header's --mem-per-gpu), so
 # MemPerTres is read first.
@@ -426,8 +427,9 @@ course_same_request() {
     [[ -n ${SLURM_JOB_QOS:-} ]] && echo "--qos=$SLURM_JOB_QOS"
     if value=$(_course_field Features); then echo "--constraint=$value"; fi
     if value=$(_course_field Reservation); then echo "--reservation=$value"; fi
-    # Whole nodes: Slurm 26.05 prints Exclusive= (NO, NODE, USER, MCS, TOPO), before it one field
-    # said both, OverSubscribe=NO for --exclusive (job_share_string, src/common/slurm_protocol_defs.c).
+    # Whole nodes: Slurm 26.05 prints Exclusive= (NO, NODE, USER, MCS, TOPO); before it one field
+    # said both, OverSubscribe=NO for --exclusive (job_share_string,
+    # src/common/slurm_protocol_defs.c).
     if value=$(_course_field Exclusive); then
         case $value in NODE) echo "--exclusive" ;; USER | MCS | TOPO) echo "--exclusive=${value,,}" ;; esac
     else
